@@ -1,0 +1,39 @@
+"""spec_decode: lossless speculative decoding for T5 in JAX/Flax."""
+
+import setuptools
+
+# Versions known to install and work together on Python 3.11 (CPU, GPU, TPU).
+INSTALL_REQUIRES = [
+    "absl-py==2.5.1",
+    "flax==0.12.8",
+    "gin-config==0.5.0",
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "msgpack==1.2.4",
+    "numpy==2.4.6",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "safetensors==0.8.0",
+    "sentencepiece==0.2.3",
+    "tensorstore==0.1.86",
+    "tqdm==4.70.1",
+]
+
+# Test-only: the PyTorch reference T5. torch is pinned exactly: an unpinned
+# torch pulls a multi-GB CUDA build.
+TEST_REQUIRES = [
+    "pytest==9.2.0",
+    "scipy==1.17.1",
+    "torch==2.13.0",
+    "transformers==5.24.0",
+]
+
+setuptools.setup(
+    name="spec_decode",
+    version="0.1.0",
+    description="Speculative decoding for encoder-decoder Transformers in JAX",
+    packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)

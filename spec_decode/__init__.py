@@ -1,0 +1,1 @@
+"""spec_decode: lossless speculative decoding (Leviathan et al., 2023) for T5."""

@@ -1,0 +1,70 @@
+"""T5 hyperparameters, bound from gin files under configs/models/."""
+
+import dataclasses
+
+import gin
+import jax.numpy as jnp
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """The hyperparameters of one T5 model.
+
+  The defaults are T5 1.1 small's except the vocabulary, which every run must
+  bind. T5 1.0 differs by `mlp_activations=('relu',)` and
+  `logits_via_embedding=True`.
+
+  Attributes:
+    vocab_size: number of token ids (32128 for the public T5 checkpoints).
+    emb_dim: width of the residual stream.
+    num_heads: attention heads per layer.
+    head_dim: width of one head.
+    mlp_dim: width of the MLP's hidden layer.
+    num_encoder_layers: encoder depth.
+    num_decoder_layers: decoder depth.
+    mlp_activations: ('gelu', 'linear') is T5 1.1's gated GELU, ('relu',) is
+      T5 1.0's MLP.
+    logits_via_embedding: T5 1.0 computes logits through the tied token
+      embedding, rescaled by emb_dim**-0.5; T5 1.1 has its own `logits_dense`.
+    num_buckets: relative position buckets per stack.
+    max_distance: the distance from which all positions share one bucket.
+    dropout_rate: dropout in training; decoding never uses it.
+    dtype: activation dtype name ('float32' or 'bfloat16'); logits, norms and
+      attention softmax stay in float32.
+  """
+
+  vocab_size: int = gin.REQUIRED
+  emb_dim: int = 512
+  num_heads: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  num_encoder_layers: int = 8
+  num_decoder_layers: int = 8
+  mlp_activations: tuple[str, ...] = ("gelu", "linear")
+  logits_via_embedding: bool = False
+  num_buckets: int = 32
+  max_distance: int = 128
+  dropout_rate: float = 0.0
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
+                 "num_encoder_layers", "num_decoder_layers", "num_buckets",
+                 "max_distance"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"T5Config.{name} must be >= 1, got "
+                         f"{getattr(self, name)}")
+    known = {"gelu", "relu", "linear", "silu"}
+    unknown = set(self.mlp_activations) - known
+    if unknown:
+      raise ValueError(f"T5Config.mlp_activations: unknown {sorted(unknown)}; "
+                       f"known: {sorted(known)}")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"T5Config.dtype must be 'float32' or 'bfloat16', got "
+                       f"{self.dtype!r}")
+    object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+
+  @property
+  def activation_dtype(self):
+    return jnp.dtype(self.dtype)

@@ -1,0 +1,240 @@
+"""T5 building blocks in Flax Linen, with t5x's parameter names and axes.
+
+Every parameter carries logical axis names from t5x's vocabulary (`vocab`,
+`embed`, `mlp`, `heads`, `kv`, `joined_kv`, `relpos_buckets`), so that one table
+of rules in the partitioning code can shard any model. Kernels are stored as t5x
+stores them: 2-D, e.g. an attention query kernel is [embed, heads * head_dim].
+
+References:
+  Raffel et al., 2020, "Exploring the Limits of Transfer Learning with a Unified
+  Text-to-Text Transformer" (T5), and the T5 1.1 recipe (gated GELU, untied
+  logits) of Shazeer, 2020, "GLU Variants Improve Transformer".
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from flax import linen as nn
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+DType = Any
+
+# RMS norm epsilon of T5 (and t5x's LayerNorm).
+RMS_NORM_EPSILON = 1e-6
+# Added to masked attention logits: large enough to zero a softmax weight in
+# float32, finite so that a row with no valid key gives no NaN.
+MASK_VALUE = -1e10
+
+
+def _partitioned(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+class RmsNorm(nn.Module):
+  """T5's layer norm: RMS scaling only, no mean subtraction and no bias."""
+
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param(
+        "scale", _partitioned(nn.initializers.ones, ("embed",)),
+        (x.shape[-1],), jnp.float32)
+    x = x.astype(jnp.float32)
+    variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
+    x = x * lax.rsqrt(variance + RMS_NORM_EPSILON)
+    return (x * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class Dense(nn.Module):
+  """A bias-free projection of the last axis, with a 2-D named kernel."""
+
+  features: int
+  kernel_axes: tuple[str, str]
+  dtype: DType = jnp.float32
+  kernel_init: Any = nn.initializers.variance_scaling(
+      1.0, "fan_in", "truncated_normal")
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param(
+        "kernel", _partitioned(self.kernel_init, self.kernel_axes),
+        (x.shape[-1], self.features), jnp.float32)
+    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class Embed(nn.Module):
+  """The token embedding, shared by encoder, decoder and (T5 1.0) logits."""
+
+  num_embeddings: int
+  features: int
+  dtype: DType = jnp.float32
+
+  def setup(self):
+    self.embedding = self.param(
+        "embedding",
+        _partitioned(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
+        (self.num_embeddings, self.features), jnp.float32)
+
+  def __call__(self, tokens):
+    """Looks up int tokens [...] -> [..., features]."""
+    return jnp.take(self.embedding, tokens, axis=0).astype(self.dtype)
+
+  def attend(self, x):
+    """Logits of x [..., features] against every embedding, in float32."""
+    return jnp.dot(x.astype(jnp.float32), self.embedding.T.astype(jnp.float32))
+
+
+def relative_position_bucket(relative_position, bidirectional, num_buckets,
+                             max_distance):
+  """Maps key_position - query_position to T5's log-spaced buckets.
+
+  Half the buckets are exact small distances; the rest grow logarithmically
+  up to `max_distance`, beyond which all distances share the last bucket. In the
+  bidirectional (encoder) case, half the buckets are for keys after the query.
+
+  Args:
+    relative_position: int32 array of key_position - query_position.
+    bidirectional: whether keys after the query get their own buckets.
+    num_buckets: the number of buckets.
+    max_distance: the distance from which all share one bucket.
+
+  Returns:
+    int32 bucket ids, the shape of `relative_position`.
+  """
+  distance = -relative_position
+  bucket = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    bucket += (distance < 0).astype(jnp.int32) * num_buckets
+    distance = jnp.abs(distance)
+  else:
+    distance = jnp.maximum(distance, 0)
+  max_exact = num_buckets // 2
+  is_small = distance < max_exact
+  log_ratio = jnp.log(
+      distance.astype(jnp.float32) / max_exact + np.finfo(np.float32).eps
+  ) / np.log(max_distance / max_exact)
+  large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(jnp.int32)
+  large = jnp.minimum(large, num_buckets - 1)
+  return bucket + jnp.where(is_small, distance, large)
+
+
+class RelativePositionBias(nn.Module):
+  """One bias table per stack, shared by all of its layers."""
+
+  num_heads: int
+  num_buckets: int
+  max_distance: int
+  bidirectional: bool
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, query_positions, key_positions):
+    """Attention biases from absolute positions.
+
+    Args:
+      query_positions: int32 [B or 1, T], each query's absolute position.
+      key_positions: int32 [S], each key's absolute position.
+
+    Returns:
+      float32 [B or 1, heads, T, S].
+    """
+    table = self.param(
+        "rel_embedding",
+        _partitioned(
+            nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            ("heads", "relpos_buckets")),
+        (self.num_heads, self.num_buckets), jnp.float32)
+    relative = key_positions[None, None, :] - query_positions[:, :, None]
+    buckets = relative_position_bucket(
+        relative, self.bidirectional, self.num_buckets, self.max_distance)
+    # [H, buckets] -> [H, B, T, S] -> [B, H, T, S]
+    bias = jnp.take(table.astype(jnp.float32), buckets, axis=1)
+    return jnp.transpose(bias, (1, 0, 2, 3))
+
+
+def dot_product_attention(query, key, value, bias, mask, dtype):
+  """T5 attention: no 1/sqrt(d) scaling (t5x folds it into the query init).
+
+  Args:
+    query: [B, T, H, D].
+    key: [B, S, H, D].
+    value: [B, S, H, D].
+    bias: float32 broadcastable to [B, H, T, S], or None.
+    mask: bool broadcastable to [B, H, T, S]; False means masked out.
+    dtype: the dtype of the returned values.
+
+  Returns:
+    [B, T, H, D] in `dtype`.
+  """
+  logits = jnp.einsum(
+      "bthd,bshd->bhts", query, key, preferred_element_type=jnp.float32)
+  if bias is not None:
+    logits = logits + bias
+  logits = jnp.where(mask, logits, MASK_VALUE)
+  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+  return jnp.einsum("bhts,bshd->bthd", weights, value)
+
+
+class MultiHeadAttention(nn.Module):
+  """Projections and attention; the caller supplies keys/values and masks."""
+
+  num_heads: int
+  head_dim: int
+  emb_dim: int
+  dtype: DType = jnp.float32
+
+  def setup(self):
+    joined = self.num_heads * self.head_dim
+    # t5x folds the attention's 1/sqrt(head_dim) into the query's init.
+    query_init = nn.initializers.variance_scaling(
+        1.0 / self.head_dim, "fan_in", "normal")
+    self.query = Dense(joined, ("embed", "joined_kv"), self.dtype, query_init)
+    self.key = Dense(joined, ("embed", "joined_kv"), self.dtype)
+    self.value = Dense(joined, ("embed", "joined_kv"), self.dtype)
+    self.out = Dense(self.emb_dim, ("joined_kv", "embed"), self.dtype)
+
+  def _heads(self, x):
+    # [B, T, H * D] -> [B, T, H, D]
+    return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+
+  def project_query(self, x):
+    """[B, T, E] -> [B, T, H, D]."""
+    return self._heads(self.query(x))
+
+  def project_key_value(self, x):
+    """[B, S, E] -> keys and values, each [B, S, H, D]."""
+    return self._heads(self.key(x)), self._heads(self.value(x))
+
+  def attend(self, query, key, value, bias, mask):
+    """Attention of [B, T, H, D] queries over [B, S, H, D] -> [B, T, E]."""
+    x = dot_product_attention(query, key, value, bias, mask, self.dtype)
+    # [B, T, H, D] -> [B, T, H * D]
+    x = x.reshape(x.shape[:-2] + (self.num_heads * self.head_dim,))
+    return self.out(x)
+
+
+class Mlp(nn.Module):
+  """T5's MLP: the product of activated `wi`s, then `wo`.
+
+  ('relu',) is T5 1.0 (one `wi`); ('gelu', 'linear') is T5 1.1's gated GELU
+  (`wi_0`, `wi_1`).
+  """
+
+  mlp_dim: int
+  activations: Sequence[str]
+  dtype: DType = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    hidden = None
+    for i, name in enumerate(self.activations):
+      dense_name = "wi" if len(self.activations) == 1 else f"wi_{i}"
+      h = Dense(self.mlp_dim, ("embed", "mlp"), self.dtype, name=dense_name)(x)
+      h = h if name == "linear" else getattr(nn, name)(h)
+      hidden = h if hidden is None else hidden * h
+    return Dense(x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(hidden)

@@ -1,0 +1,61 @@
+"""Parameter counts of every size config against transformers' T5."""
+
+from absl.testing import absltest
+import gin
+import torch
+import transformers
+
+from spec_decode import gin_config
+from spec_decode.models import param_count
+from spec_decode.models.config import T5Config
+
+
+def _hf_count(config):
+  """transformers' parameter count for a T5Config, built on the meta device."""
+  gated = config.mlp_activations == ("gelu", "linear")
+  hf_config = transformers.T5Config(
+      vocab_size=config.vocab_size,
+      d_model=config.emb_dim,
+      d_kv=config.head_dim,
+      d_ff=config.mlp_dim,
+      num_layers=config.num_encoder_layers,
+      num_decoder_layers=config.num_decoder_layers,
+      num_heads=config.num_heads,
+      relative_attention_num_buckets=config.num_buckets,
+      relative_attention_max_distance=config.max_distance,
+      feed_forward_proj="gated-gelu" if gated else "relu",
+      tie_word_embeddings=config.logits_via_embedding)
+  with torch.device("meta"):
+    model = transformers.T5ForConditionalGeneration(hf_config)
+    if not config.logits_via_embedding:
+      # transformers 5.x always ties lm_head to the embedding (the flag only
+      # turns off T5 1.0's logit rescale); T5 1.1 has its own lm_head.
+      model.lm_head.weight = torch.nn.Parameter(
+          torch.empty_like(model.shared.weight))
+  # parameters() yields a tied (shared) tensor once.
+  return sum(p.numel() for p in model.parameters())
+
+
+class ParamCountTest(absltest.TestCase):
+
+  def test_every_config_matches_transformers(self):
+    counts = param_count.count_all()
+    self.assertLen(counts, 11)
+    for path in gin_config.model_config_files():
+      with self.subTest(path.stem):
+        gin_config.parse([path])
+        self.assertEqual(counts[path.stem], _hf_count(T5Config()))
+
+  def test_published_sizes(self):
+    counts = param_count.count_all()
+    # t5-small and T5 1.1 XXL as published by their model cards.
+    self.assertEqual(counts["t5_1_0_small"], 60_506_624)
+    self.assertEqual(counts["t5_1_1_xxl"], 11_135_332_352)
+
+  def tearDown(self):
+    gin.clear_config()
+    super().tearDown()
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,196 @@
+"""Cached decoding equals one teacher-forced forward pass, in float32."""
+
+import functools
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.models import layers
+from spec_decode.models import t5
+
+# Cached and full passes sum the same terms in a different order.
+ATOL = 1e-5
+
+
+def _config(family):
+  if family == "t5_1_1":
+    return t5.T5Config(vocab_size=97, emb_dim=16, num_heads=4, head_dim=8,
+                       mlp_dim=32, num_encoder_layers=2, num_decoder_layers=3)
+  return t5.T5Config(vocab_size=97, emb_dim=16, num_heads=4, head_dim=8,
+                     mlp_dim=32, num_encoder_layers=2, num_decoder_layers=3,
+                     mlp_activations=("relu",), logits_via_embedding=True)
+
+
+@functools.cache
+def _jitted_decode(model):
+  return jax.jit(lambda params, tokens, cache: model.apply(
+      {"params": params}, tokens, cache, method=model.decode))
+
+
+class CachedDecodeTest(parameterized.TestCase):
+
+  def _setup(self, family, batch=3, enc_len=7, dec_len=20, seed=0):
+    config = _config(family)
+    model = t5.Transformer(config)
+    params = t5.init_params(config, jax.random.key(seed))
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(2, config.vocab_size, (batch, enc_len))
+    for b in range(batch):  # Right padding of different lengths.
+      inputs[b, enc_len - b:] = 0
+    targets = rng.integers(2, config.vocab_size, (batch, dec_len))
+    targets[:, 0] = 0  # Decoding starts from token 0.
+    full = model.apply({"params": params}, inputs, targets)
+    encoded = model.apply({"params": params}, inputs, method=model.encode)
+    return model, params, inputs, targets, full, encoded
+
+  def _cache(self, model, params, encoded, inputs, max_length):
+    return model.apply({"params": params}, encoded, inputs, max_length,
+                       method=model.init_cache)
+
+  def _decode(self, model, params, tokens, cache):
+    return _jitted_decode(model)(params, jnp.asarray(tokens), cache)
+
+  @parameterized.parameters("t5_1_1", "t5_1_0")
+  def test_prefill_then_single_steps(self, family):
+    model, params, inputs, targets, full, encoded = self._setup(family)
+    cache = self._cache(model, params, encoded, inputs, 24)
+    prefill = 6
+    logits, cache = self._decode(model, params, targets[:, :prefill], cache)
+    chunks = [logits]
+    for t in range(prefill, targets.shape[1]):
+      logits, cache = self._decode(model, params, targets[:, t:t + 1], cache)
+      chunks.append(logits)
+    np.testing.assert_allclose(
+        np.concatenate(chunks, axis=1), full, rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(cache.lengths, targets.shape[1])
+
+  @parameterized.parameters("t5_1_1", "t5_1_0")
+  def test_random_chunks_with_different_row_lengths(self, family):
+    model, params, inputs, targets, full, encoded = self._setup(
+        family, batch=4, dec_len=30)
+    rng = np.random.default_rng(1)
+    max_chunk = 5
+    cache = self._cache(model, params, encoded, inputs, 30 + max_chunk)
+    lengths = np.zeros(4, np.int64)
+    padded = np.pad(targets, ((0, 0), (0, max_chunk)))
+    steps = 0
+    while lengths.min() < targets.shape[1]:
+      size = int(rng.integers(1, max_chunk + 1))
+      chunk = np.stack([padded[b, l:l + size] for b, l in enumerate(lengths)])
+      cache = cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
+      logits, cache = self._decode(model, params, chunk, cache)
+      np.testing.assert_array_equal(cache.lengths, lengths + size)
+      for b, start in enumerate(lengths):
+        valid = min(size, targets.shape[1] - start)
+        np.testing.assert_allclose(
+            logits[b, :valid], full[b, start:start + valid], rtol=0,
+            atol=ATOL, err_msg=f"row {b} from position {start}")
+      # Each row keeps its own number of the chunk's tokens and rolls back
+      # the rest, so rows drift apart.
+      keep = rng.integers(0, size + 1, size=4)
+      lengths = np.minimum(lengths + keep, targets.shape[1])
+      steps += 1
+    self.assertGreater(steps, 8)
+
+  @parameterized.parameters("t5_1_1", "t5_1_0")
+  def test_rollback_then_rewrite(self, family):
+    model, params, inputs, targets, full, encoded = self._setup(family)
+    rng = np.random.default_rng(2)
+    cache = self._cache(model, params, encoded, inputs, 24)
+    _, cache = self._decode(model, params, targets[:, :8], cache)
+    # Write wrong tokens at positions 8..13, then roll back to 8 per row. A
+    # cache that accumulated instead of overwriting would keep their trace.
+    wrong = rng.integers(2, 97, targets[:, 8:14].shape)
+    _, cache = self._decode(model, params, wrong, cache)
+    cache = cache.replace(lengths=jnp.full((3,), 8, jnp.int32))
+    logits, cache = self._decode(model, params, targets[:, 8:14], cache)
+    np.testing.assert_allclose(logits, full[:, 8:14], rtol=0, atol=ATOL)
+    # Roll one row further back than the others, and rewrite from there.
+    cache = cache.replace(lengths=jnp.asarray([14, 3, 10], jnp.int32))
+    chunk = np.stack([targets[0, 14:18], targets[1, 3:7], targets[2, 10:14]])
+    logits, cache = self._decode(model, params, chunk, cache)
+    expected = np.stack([full[0, 14:18], full[1, 3:7], full[2, 10:14]])
+    np.testing.assert_allclose(logits, expected, rtol=0, atol=ATOL)
+
+  def test_positions_beyond_max_distance(self):
+    # 150 positions cross the last relative-position bucket (distance 128).
+    model, params, inputs, targets, full, encoded = self._setup(
+        "t5_1_1", batch=2, dec_len=150)
+    cache = self._cache(model, params, encoded, inputs, 150)
+    logits, cache = self._decode(model, params, targets[:, :137], cache)
+    rest, _ = self._decode(model, params, targets[:, 137:], cache)
+    np.testing.assert_allclose(
+        np.concatenate([logits, rest], axis=1), full, rtol=0, atol=ATOL)
+
+  def test_writes_past_capacity_are_dropped(self):
+    model, params, inputs, targets, _, encoded = self._setup("t5_1_1")
+    cache = self._cache(model, params, encoded, inputs, 8)
+    _, cache = self._decode(model, params, targets[:, :6], cache)
+    before = np.asarray(cache.keys[0])
+    _, after = self._decode(model, params, targets[:, 6:10], cache)
+    np.testing.assert_array_equal(np.asarray(after.keys[0])[:, :6],
+                                  before[:, :6])
+
+
+class RelativePositionBucketTest(absltest.TestCase):
+
+  def test_matches_reference_formula(self):
+    # The reference: T5's bucketing written out with numpy, one distance at a
+    # time (as in the Mesh TensorFlow and transformers implementations).
+    def reference(relative, bidirectional, num_buckets=32, max_distance=128):
+      bucket = 0
+      if bidirectional:
+        num_buckets //= 2
+        bucket += num_buckets if relative > 0 else 0
+        distance = abs(relative)
+      else:
+        distance = max(-relative, 0)
+      max_exact = num_buckets // 2
+      if distance < max_exact:
+        return bucket + distance
+      large = max_exact + int(
+          np.log(np.float32(distance) / max_exact) / np.log(
+              max_distance / max_exact) * (num_buckets - max_exact))
+      return bucket + min(large, num_buckets - 1)
+
+    relative = np.arange(-600, 600)
+    for bidirectional in (True, False):
+      got = layers.relative_position_bucket(
+          jnp.asarray(relative), bidirectional, 32, 128)
+      want = [reference(r, bidirectional) for r in relative]
+      np.testing.assert_array_equal(got, want)
+
+
+class ParamTreeTest(absltest.TestCase):
+
+  def test_t5x_names_and_logical_axes(self):
+    config = _config("t5_1_1")
+    axes = t5.param_logical_axes(config)
+    layer = axes["decoder"]["layers_0"]
+    self.assertEqual(tuple(layer["self_attention"]["query"]["kernel"]),
+                     ("embed", "joined_kv"))
+    self.assertEqual(tuple(layer["encoder_decoder_attention"]["out"]["kernel"]),
+                     ("joined_kv", "embed"))
+    self.assertEqual(tuple(layer["mlp"]["wi_0"]["kernel"]), ("embed", "mlp"))
+    self.assertEqual(tuple(axes["decoder"]["relpos_bias"]["rel_embedding"]),
+                     ("heads", "relpos_buckets"))
+    self.assertEqual(tuple(axes["token_embedder"]["embedding"]),
+                     ("vocab", "embed"))
+    self.assertEqual(tuple(axes["decoder"]["logits_dense"]["kernel"]),
+                     ("embed", "vocab"))
+    shapes = t5.param_shapes(config)
+    self.assertEqual(
+        shapes["encoder"]["layers_1"]["attention"]["query"]["kernel"].shape,
+        (16, 32))
+
+  def test_t5_1_0_has_no_logits_dense_and_one_wi(self):
+    shapes = t5.param_shapes(_config("t5_1_0"))
+    self.assertNotIn("logits_dense", shapes["decoder"])
+    self.assertEqual(set(shapes["encoder"]["layers_0"]["mlp"]), {"wi", "wo"})
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,12 +1,71 @@
-"""Gin plumbing: where the configs live and how files and bindings are read."""
+"""Gin plumbing: where the configs live, and model files read under a scope.
 
+A run holds two models, so their size files cannot both bind `T5Config`
+unscoped: the second would overwrite the first. A run file therefore includes
+each size file under a gin scope,
+
+  include 'target:models/t5_1_1_xxl.gin'
+  include 'draft:models/t5_1_1_small.gin'
+
+and the file is read with every binding (and nested include) moved into that
+scope: `T5Config.emb_dim = 4096` becomes `target/T5Config.emb_dim = 4096`.
+The model is then built with `gin.config_scope('target')`. Size files hold
+plain bindings and includes (no macros), as t5x's do.
+"""
+
+import io
+import logging
+import os
 import pathlib
+import re
 
 import gin
 
 # configs/ at the repository's root; files include each other relative to it
-# ('models/t5_vocab.gin'), as t5x's gin files do.
+# ('models/t5_1_1_small.gin'), as t5x's gin files do.
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+# '<search dir>/<scope>:<path>', as gin joins a search path and an include.
+_SCOPED_PATH = re.compile(r"^(?P<dir>.*?)(?P<scope>[A-Za-z_]\w*):(?P<path>.+)$")
+# A binding at the start of a line: '[scopes/]Configurable.param ='.
+_BINDING = re.compile(r"^(?=[A-Za-z_][\w./]*\.\w+\s*=)", re.MULTILINE)
+_INCLUDE = re.compile(r"^include\s+(['\"])(?P<path>[^'\"]+)\1", re.MULTILINE)
+
+
+def _split_scoped(path):
+  match = _SCOPED_PATH.match(str(path))
+  if not match or os.path.isfile(path):
+    return None
+  return match["scope"], os.path.join(match["dir"], match["path"])
+
+
+def scope_bindings(text, scope):
+  """Moves every binding and include of a gin file's text into `scope`."""
+  text = _BINDING.sub(f"{scope}/", text)
+  return _INCLUDE.sub(
+      lambda m: f"include {m[1]}{scope}:{m['path']}{m[1]}", text)
+
+
+def _is_scoped_file(path):
+  split = _split_scoped(path)
+  return split is not None and os.path.isfile(split[1])
+
+
+def _read_scoped_file(path):
+  scope, real_path = _split_scoped(path)
+  return io.StringIO(scope_bindings(pathlib.Path(real_path).read_text(), scope))
+
+
+gin.config.register_file_reader(_read_scoped_file, _is_scoped_file)
+
+
+def _drop_gin_path_probes(record):
+  # gin probes every search path with its Python-package reader, which logs
+  # an error for each miss before the next path finds the file.
+  return record.module != "resource_reader"
+
+
+logging.getLogger().addFilter(_drop_gin_path_probes)
 
 
 def parse(files=(), bindings=()):

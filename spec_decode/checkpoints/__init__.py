@@ -1,0 +1,196 @@
+"""Loads T5 checkpoints into the t5x parameter tree of `models/t5.py`.
+
+Formats:
+
+* T5X (`t5x.py`): a directory with a msgpack `checkpoint` file (or that file
+  itself), its arrays inline, in tensorstore zarr directories (legacy T5X,
+  local or `gs://`), or behind Orbax placeholders (Orbax-era T5X);
+* Orbax PyTree (`orbax_pytree.py`): a directory with `_METADATA` (or a T5X
+  step directory with one in `state/`), as T5X writes with Orbax today;
+* Hugging Face (`hf.py`): `model.safetensors`, sharded
+  `model.safetensors.index.json`, `pytorch_model.bin` (needs torch);
+* Mesh TensorFlow (the original T5 release): detected and refused, with the
+  command that converts it to T5X.
+
+Usage:
+
+  expected = t5.param_shapes(config)
+  params = checkpoints.load_params(path, expected, dtype=jnp.bfloat16)
+  logits = t5.Transformer(config).apply({'params': params}, inputs, targets)
+
+Every format is listed first (names and shapes, no weights; inline T5X arrays
+excepted, see below) and checked against `expected`, so a checkpoint that does
+not fit fails with one `CheckpointMismatchError` naming every difference
+before any large read. Optimizer state is never decoded.
+
+Memory bound: the host never holds more than one full copy of the
+parameters, in the requested dtype, plus a few transient copies of the one
+parameter being read. Weights in separate files (zarr arrays, safetensors,
+memory-mapped torch files) are read, cast and transposed one tensor at a
+time; inline T5X arrays are cast as the msgpack file is streamed
+(`msgpack_tree.py`), each freed in its stored dtype as soon as its cast copy
+exists.
+"""
+
+from collections.abc import Mapping
+import enum
+import os
+from typing import Any
+
+from flax import traverse_util
+import jax.numpy as jnp
+
+from spec_decode.checkpoints import hf
+from spec_decode.checkpoints import orbax_pytree
+from spec_decode.checkpoints import storage
+from spec_decode.checkpoints import t5x
+from spec_decode.checkpoints import validate
+from spec_decode.checkpoints.validate import CheckpointError
+from spec_decode.checkpoints.validate import CheckpointFormatError
+from spec_decode.checkpoints.validate import CheckpointMismatchError
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointFormatError",
+    "CheckpointMismatchError",
+    "Format",
+    "detect_format",
+    "load_params",
+]
+
+# The first bytes of TensorFlow's `checkpoint` text file (Mesh TensorFlow).
+_TF_CHECKPOINT_HEADER = b"model_checkpoint_path"
+# The first byte of a msgpack map (fixmap, map 16, map 32).
+_MSGPACK_MAP = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
+# The parameter T5 1.1 has and T5 1.0 (logits via the embedding) lacks.
+_LOGITS = "decoder/logits_dense/kernel"
+
+
+class Format(enum.Enum):
+  """The checkpoint formats `detect_format` tells apart."""
+
+  T5X = "T5X"
+  ORBAX = "Orbax"
+  HUGGING_FACE = "Hugging Face"
+  MESH_TENSORFLOW = "Mesh TensorFlow"
+
+
+def _mesh_tensorflow_error(path: str) -> CheckpointFormatError:
+  return CheckpointFormatError(
+      f"{path} is a Mesh TensorFlow checkpoint (the original T5 release), "
+      f"which spec_decode does not read; convert it to T5X with t5x's "
+      f"converter: python -m t5x.scripts.convert_tf_checkpoint "
+      f"--gin_file=<the model's .gin> --gin.convert_checkpoint.model=%MODEL "
+      f"--gin.convert_checkpoint.tf_checkpoint_path=<dir>/model.ckpt-<step> "
+      f"--gin.convert_checkpoint.output_dir=<new dir>, then load <new dir>."
+  )
+
+
+def _file_format(path: str) -> Format | None:
+  """The format of a single file, from its name or first bytes."""
+  if path.endswith(".index") or storage.exists(path + ".index"):
+    return Format.MESH_TENSORFLOW
+  if not storage.exists(path):
+    return None
+  if not storage.is_gcs(path) and hf.find_files(path):
+    return Format.HUGGING_FACE
+  head = storage.read_head(path)
+  if head.startswith(_TF_CHECKPOINT_HEADER):
+    return Format.MESH_TENSORFLOW
+  if head and head[0] in _MSGPACK_MAP:
+    return Format.T5X
+  return None
+
+
+def detect_format(path: str) -> Format:
+  """Tells which format the checkpoint at `path` is in.
+
+  Args:
+    path: a checkpoint directory or file, local or (T5X only) `gs://`.
+
+  Returns:
+    The format.
+
+  Raises:
+    CheckpointFormatError: if nothing is at `path`, or nothing known.
+  """
+  if storage.is_gcs(path) or not os.path.isdir(path):
+    found = _file_format(path)
+    if found is not None:
+      return found
+  if os.path.isdir(path) and hf.find_files(path):
+    return Format.HUGGING_FACE
+  if orbax_pytree.pytree_directory(path) is not None:
+    return Format.ORBAX
+  inner = _file_format(os.path.join(path, t5x.CHECKPOINT_FILE))
+  if inner is not None:
+    return inner
+  if os.path.isdir(path):
+    if any(name.endswith(".index") for name in os.listdir(path)):
+      return Format.MESH_TENSORFLOW
+    raise CheckpointFormatError(
+        f"No checkpoint found in directory {path}: expected a T5X "
+        f"'{t5x.CHECKPOINT_FILE}' msgpack file, an Orbax "
+        f"'{orbax_pytree.METADATA_FILE}' file, or Hugging Face weights "
+        f"({', '.join(hf.FILE_NAMES)})."
+    )
+  if storage.is_gcs(path) or os.path.exists(path):
+    raise CheckpointFormatError(
+        f"Unknown checkpoint format at {path}: neither a T5X msgpack file nor "
+        f"Hugging Face weights."
+    )
+  raise CheckpointFormatError(f"No checkpoint at {path}: it does not exist.")
+
+
+def load_params(
+    path: str,
+    expected: Mapping[str, Any],
+    dtype: Any = jnp.float32,
+) -> dict[str, Any]:
+  """Loads a T5 checkpoint into the t5x parameter tree.
+
+  Args:
+    path: a T5X checkpoint directory (or its `checkpoint` file) or an Orbax
+      checkpoint directory, local or `gs://`; or a Hugging Face checkpoint
+      directory or weight file.
+    expected: the parameter tree the model needs, nested dicts whose leaves
+      have `.shape` (e.g. `t5.param_shapes(config)`, of jax.ShapeDtypeStruct;
+      no 'params' wrapper).
+    dtype: the dtype of every floating-point parameter (jnp.float32 or
+      jnp.bfloat16); None gives each parameter its `expected` leaf's dtype.
+
+  Returns:
+    Nested dicts with exactly the names of `expected`, of numpy arrays of the
+    same shapes, in `dtype`. Pass them as `{'params': tree}`.
+
+  Raises:
+    CheckpointFormatError: if nothing is at `path`, its format is unknown, or
+      it is a Mesh TensorFlow checkpoint.
+    CheckpointMismatchError: if the checkpoint's parameters differ from
+      `expected`; the message lists every missing, unexpected and mis-shaped
+      parameter and names a vocabulary-size mismatch.
+  """
+  wanted = traverse_util.flatten_dict(expected, sep="/")
+  found_format = detect_format(path)
+  if found_format is Format.MESH_TENSORFLOW:
+    raise _mesh_tensorflow_error(path)
+  notes = []
+  if found_format is Format.T5X:
+    leaves = t5x.list_arrays(path, dtype=dtype)
+  elif found_format is Format.ORBAX:
+    leaves = orbax_pytree.list_arrays(path)
+  else:
+    leaves, notes = hf.list_params(
+        path, logits_via_embedding=_LOGITS not in wanted
+    )
+  validate.check_fits(
+      {name: leaf.shape for name, leaf in leaves.items()},
+      {name: leaf.shape for name, leaf in wanted.items()},
+      path,
+      notes,
+  )
+  params = {}
+  for name in wanted:
+    leaf_dtype = dtype if dtype is not None else wanted[name].dtype
+    params[name] = leaves.pop(name).read(leaf_dtype)
+  return traverse_util.unflatten_dict(params, sep="/")

@@ -110,7 +110,8 @@ class HfParityTest(parameterized.TestCase):
     encoded = model.apply(variables, inputs, method=model.encode)
     cache = model.apply(variables, encoded, inputs, DECODER_LEN,
                         method=model.init_cache)
-    decode = jax.jit(t5.make_decode_fn(model, params))
+    decoder = t5.make_decode_fn(model, params)
+    decode = jax.jit(lambda tokens, cache: decoder(tokens, cache))
     chunks = []
     for start, stop in [(0, 100), (100, 108)] + [
         (t, t + 1) for t in range(108, DECODER_LEN)]:

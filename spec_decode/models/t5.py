@@ -21,6 +21,7 @@ Usage:
 """
 
 import functools
+from typing import Any
 
 from flax import linen as nn
 from flax import struct
@@ -345,7 +346,28 @@ def num_params(config):
   return sum(x.size for x in jax.tree.leaves(param_shapes(config)))
 
 
+@struct.dataclass
+class BoundDecoder:
+  """`Transformer.decode` with its parameters bound in, as a pytree.
+
+  The parameters are leaves, so jitted loops take them as arguments rather
+  than compiling them in as constants; the module is static, and equal
+  configs share one compilation.
+
+  Attributes:
+    model: the Transformer.
+    params: its parameter tree.
+  """
+
+  model: Transformer = struct.field(pytree_node=False)
+  params: Any
+
+  def __call__(self, tokens, cache):
+    """(int32 [B, T], cache) -> (float32 logits [B, T, V], cache)."""
+    return self.model.apply(
+        {"params": self.params}, tokens, cache, method=Transformer.decode)
+
+
 def make_decode_fn(model, params):
   """Binds params: (tokens [B, T], cache) -> (logits [B, T, V], cache)."""
-  return functools.partial(
-      model.apply, {"params": params}, method=Transformer.decode)
+  return BoundDecoder(model, params)

@@ -1,0 +1,205 @@
+"""Draft models for speculative decoding, behind one interface.
+
+A draft is a decode function (`decoding.DecodeFn`) and its empty cache, like
+the target; `speculative_decode` samples from it with the target's own
+`SamplingConfig`. Three kinds:
+
+- a smaller T5 (`t5_draft`): its bound decode function and cache, set up as
+  for the target;
+- n-gram models counted over a token corpus (`count_unigrams`,
+  `count_bigrams`), whose "cache" is only the lengths (Leviathan et al., 2023,
+  Table 3 reports alpha 0.07-0.13 for unigram and 0.16-0.23 for bigram drafts);
+- the target itself (`target_as_draft`), for which alpha is exactly 1.
+
+The n-gram models are unsmoothed maximum-likelihood estimates. Smoothing is not
+needed for correctness: a token with draft probability 0 is never drafted, and
+the residual max(0, target_probs - draft_probs) gives it all of its target
+mass. Add-k smoothing would only move draft mass onto tokens the corpus never
+shows after the context, which raises alpha = E[sum_x min(p, q)] only where the
+target favors such tokens. What is needed is a distribution after every
+context: a bigram context the corpus never shows backs off to the unigram.
+"""
+
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import decoding
+from spec_decode.models import t5
+
+
+class Draft(NamedTuple):
+  """A draft model ready for `speculative_decode`.
+
+  Attributes:
+    decode_fn: The draft's decode function.
+    cache: Its empty cache (lengths 0), with room for max_decode_len + gamma + 1
+      positions.
+  """
+
+  decode_fn: decoding.DecodeFn
+  cache: Any
+
+
+@flax.struct.dataclass
+class NgramCache:
+  """An n-gram draft's cache: the model needs only the fed token.
+
+  Attributes:
+    lengths: int32 [B] tokens fed per row.
+  """
+
+  lengths: jax.Array
+
+
+@flax.struct.dataclass
+class NgramModel:
+  """A unigram or bigram model as a decode function.
+
+  Attributes:
+    context_rows: int32 [V] the row of `log_probs` to use after each token.
+    log_probs: float32 [C, V] next-token log-probabilities, one row per context
+      (a unigram model has one row; -inf for tokens never seen).
+  """
+
+  context_rows: jax.Array
+  log_probs: jax.Array
+
+  def init_cache(self, batch_size: int) -> NgramCache:
+    return NgramCache(lengths=jnp.zeros((batch_size,), jnp.int32))
+
+  def __call__(
+      self, tokens: jax.Array, cache: NgramCache
+  ) -> tuple[jax.Array, NgramCache]:
+    """Returns logits [B, T, V] after each of tokens [B, T], and the cache."""
+    logits = self.log_probs[self.context_rows[tokens]]  # [B, T, V]
+    return logits, cache.replace(lengths=cache.lengths + tokens.shape[1])
+
+
+def _flatten(sequences: Iterable[Sequence[int]], vocab_size: int):
+  """Returns int64 [N] previous tokens (BOS first) and [N] tokens."""
+  previous, current = [], []
+  for sequence in sequences:
+    sequence = np.asarray(sequence, np.int64).reshape(-1)
+    current.append(sequence)
+    previous.append(np.concatenate([[decoding.BOS_ID], sequence[:-1]]))
+  if not current or not sum(len(sequence) for sequence in current):
+    raise ValueError("The corpus holds no tokens.")
+  previous, current = np.concatenate(previous), np.concatenate(current)
+  if current.min() < 0 or current.max() >= vocab_size:
+    raise ValueError(f"The corpus holds token ids outside [0, {vocab_size}).")
+  return previous, current
+
+
+def _log(counts: np.ndarray) -> np.ndarray:
+  """Log of counts normalized over the last axis; -inf where a count is 0."""
+  with np.errstate(divide="ignore"):
+    return np.log(counts / counts.sum(axis=-1, keepdims=True))
+
+
+def count_unigrams(
+    sequences: Iterable[Sequence[int]], vocab_size: int
+) -> NgramModel:
+  """Estimates a unigram model: token frequencies over the corpus.
+
+  Args:
+    sequences: Token sequences, without BOS or padding (include EOS where the
+      draft should propose it).
+    vocab_size: V, the target's vocabulary size.
+
+  Returns:
+    An `NgramModel` with one row.
+  """
+  _, tokens = _flatten(sequences, vocab_size)
+  counts = np.bincount(tokens, minlength=vocab_size)[None, :]  # [1, V]
+  return NgramModel(
+      context_rows=jnp.zeros((vocab_size,), jnp.int32),
+      log_probs=jnp.asarray(_log(counts), jnp.float32),
+  )
+
+
+def count_bigrams(
+    sequences: Iterable[Sequence[int]], vocab_size: int
+) -> NgramModel:
+  """Estimates a bigram model, backing off to unigrams for unseen contexts.
+
+  Each sequence is preceded by BOS, so the first token is counted after BOS.
+  Only contexts seen in the corpus get a row: memory is (contexts + 1) * V.
+
+  Args:
+    sequences: Token sequences, without BOS or padding (include EOS where the
+      draft should propose it).
+    vocab_size: V, the target's vocabulary size.
+
+  Returns:
+    An `NgramModel` with one row per context seen, plus the unigram row 0.
+  """
+  previous, tokens = _flatten(sequences, vocab_size)
+  contexts, rows = np.unique(previous, return_inverse=True)
+  counts = np.zeros((len(contexts) + 1, vocab_size), np.int64)
+  counts[0] = np.bincount(tokens, minlength=vocab_size)
+  np.add.at(counts, (rows + 1, tokens), 1)
+  context_rows = np.zeros((vocab_size,), np.int32)
+  context_rows[contexts] = np.arange(1, len(contexts) + 1)
+  return NgramModel(
+      context_rows=jnp.asarray(context_rows),
+      log_probs=jnp.asarray(_log(counts), jnp.float32),
+  )
+
+
+def ngram_draft(model: NgramModel, batch_size: int) -> Draft:
+  """An n-gram model and an empty cache for batch_size rows."""
+  return Draft(decode_fn=model, cache=model.init_cache(batch_size))
+
+
+def t5_draft(
+    model: t5.Transformer,
+    params: Any,
+    encoder_input_tokens: jax.Array,
+    max_length: int,
+) -> Draft:
+  """A T5 decoder for a batch of inputs: encodes them, binds the params.
+
+  The same call sets up a T5 target.
+
+  Args:
+    model: The T5 module.
+    params: Its parameters.
+    encoder_input_tokens: int32 [B, S] inputs, 0 for padding.
+    max_length: The cache's capacity: max_decode_len + gamma + 1 for
+      speculative decoding, max_decode_len for the baseline.
+
+  Returns:
+    A `Draft` with the model's decode function and an empty cache.
+  """
+  variables = {"params": params}
+  encoded = model.apply(
+      variables, encoder_input_tokens, method=t5.Transformer.encode
+  )
+  cache = model.apply(
+      variables,
+      encoded,
+      encoder_input_tokens,
+      max_length,
+      method=t5.Transformer.init_cache,
+  )
+  return Draft(decode_fn=t5.make_decode_fn(model, params), cache=cache)
+
+
+def target_as_draft(target_fn: decoding.DecodeFn, target_cache: Any) -> Draft:
+  """The target as its own draft: every drafted token is accepted.
+
+  Tokens per target call are then gamma + 1 (Eq. 1 with alpha = 1) up to the
+  end, which isolates the loop's own overhead.
+
+  Args:
+    target_fn: The target's decode function.
+    target_cache: The target's empty cache, sized for speculative decoding.
+
+  Returns:
+    A `Draft`. Caches are immutable pytrees, so sharing one is safe.
+  """
+  return Draft(decode_fn=target_fn, cache=target_cache)

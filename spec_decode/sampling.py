@@ -1,0 +1,102 @@
+"""Logits to sampling distributions, and sampling from them.
+
+Speculative decoding is lossless for whatever distribution the target samples
+from, provided that the draft's proposals are drawn from, and scored by, the
+same transformation of the draft's logits (Leviathan et al., 2023, sections 2.2
+and 6). So every loop in this package turns logits into probabilities with the
+one function `logits_to_probs`, applied identically to target and draft, and
+samples with `sample`. Keeping the two apart (as gpt-fast does) lets the
+speculative loop score a drafted token under the very distribution it was drawn
+from.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How logits become a sampling distribution.
+
+  Applied in this order: temperature, then top-k, then top-p (the order of
+  Hugging Face's default logits processors). Frozen and hashable, so that jitted
+  loops can take it as a static argument.
+
+  Attributes:
+    temperature: Divides the logits. 0 means greedy: a one-hot on the argmax,
+      ties going to the lowest token id.
+    top_k: Keeps the tokens whose logit is at least the k-th largest (so ties
+      at the boundary are all kept). 0 keeps all tokens.
+    top_p: Nucleus sampling: keeps the smallest set of most probable tokens
+      whose mass reaches top_p (tokens tied with the least probable kept token
+      are kept too). 1 keeps all tokens.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+    if not isinstance(self.top_k, int) or self.top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}.")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+
+def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+  """Turns logits into the distribution that `config` samples from.
+
+  Args:
+    logits: [..., V] logits of any float dtype, e.g. [B, V] or [B, T, V]. May
+      hold -inf for impossible tokens, as long as one token per row is finite.
+    config: The temperature, top-k and top-p to apply.
+
+  Returns:
+    float32 [..., V] probabilities summing to 1 over the last axis, computed in
+    float32 whatever the dtype of `logits`.
+  """
+  logits = logits.astype(jnp.float32)
+  if config.greedy:
+    return jax.nn.one_hot(
+        jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32
+    )
+  logits = logits / config.temperature
+  if 0 < config.top_k < logits.shape[-1]:
+    kth_largest = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
+    logits = jnp.where(logits >= kth_largest, logits, -jnp.inf)
+  probs = jax.nn.softmax(logits, axis=-1)
+  if config.top_p < 1:
+    sorted_probs = -jnp.sort(-probs, axis=-1)  # [..., V], descending
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    # The least probable kept token: the last one whose predecessors hold less
+    # than top_p. The first token always qualifies, so the min is positive.
+    threshold = jnp.min(
+        jnp.where(mass_before < config.top_p, sorted_probs, jnp.inf),
+        axis=-1,
+        keepdims=True,
+    )
+    probs = jnp.where(probs >= threshold, probs, 0.0)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+  return probs
+
+
+def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token per row from (possibly unnormalized) probabilities.
+
+  Args:
+    rng: A PRNG key.
+    probs: float [..., V] non-negative weights with a positive sum per row.
+      They need not be normalized, and tokens of weight 0 are never drawn.
+
+  Returns:
+    int32 [...] token ids, independent across rows.
+  """
+  return jax.random.categorical(rng, jnp.log(probs), axis=-1).astype(jnp.int32)

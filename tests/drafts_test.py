@@ -1,0 +1,88 @@
+"""Tests for spec_decode.drafts."""
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import fake_models
+from spec_decode import decoding
+from spec_decode import drafts
+from spec_decode import sampling
+from spec_decode import speculative
+
+# Tokens: BOS/pad 0, EOS 1, then 2..5.
+CORPUS = [[2, 3, 1], [2, 2, 3, 1], [4, 1]]
+
+
+class NgramTest(absltest.TestCase):
+
+  def test_unigram_probabilities_are_corpus_frequencies(self):
+    model = drafts.count_unigrams(CORPUS, 6)
+    # Counts over the 9 tokens: 1 x3, 2 x3, 3 x2, 4 x1.
+    expected = np.array([0, 3, 3, 2, 1, 0]) / 9
+    logits, cache = model(jnp.array([[0, 5, 2]]), model.init_cache(1))
+    np.testing.assert_allclose(
+        jax.nn.softmax(logits, axis=-1),
+        np.broadcast_to(expected, (1, 3, 6)),
+        atol=1e-7,
+    )
+    np.testing.assert_array_equal(cache.lengths, [3])
+
+  def test_bigram_counts_after_bos_and_backs_off_to_unigram(self):
+    model = drafts.count_bigrams(CORPUS, 6)
+    logits, cache = model(
+        jnp.array([[0, 2, 3, 4], [1, 5, 2, 0]]), model.init_cache(2)
+    )
+    probs = np.asarray(jax.nn.softmax(logits, axis=-1))
+    unigram = np.array([0, 3, 3, 2, 1, 0]) / 9
+    after_bos = np.array([0, 0, 2, 0, 1, 0]) / 3
+    after_2 = np.array([0, 0, 1, 2, 0, 0]) / 3
+    after_3 = np.array([0, 1, 0, 0, 0, 0])
+    after_4 = np.array([0, 1, 0, 0, 0, 0])
+    np.testing.assert_allclose(
+        probs,
+        [
+            [after_bos, after_2, after_3, after_4],
+            # EOS and 5 never precede a token: unigram.
+            [unigram, unigram, after_2, after_bos],
+        ],
+        atol=1e-7,
+    )
+    np.testing.assert_array_equal(cache.lengths, [4, 4])
+
+  def test_unseen_tokens_are_never_drafted_and_output_is_unchanged(self):
+    # Tokens 4 and 5 have draft probability 0; the target still emits them.
+    target = fake_models.random_model(0, 6, eos_bias=-1.0)
+    draft = drafts.ngram_draft(drafts.count_bigrams(CORPUS[:2], 6), 4)
+    contexts = fake_models.context_ids(4)
+    greedy = sampling.SamplingConfig(temperature=0.0)
+    result = speculative.speculative_decode(
+        target,
+        draft.decode_fn,
+        target.init_cache(contexts, 16),
+        draft.cache,
+        jax.random.key(0),
+        gamma=3,
+        max_decode_len=12,
+        config=greedy,
+    )
+    baseline = decoding.autoregressive_decode(
+        target,
+        target.init_cache(contexts, 12),
+        jax.random.key(0),
+        max_decode_len=12,
+        config=greedy,
+    )
+    np.testing.assert_array_equal(result.sequences, baseline.sequences)
+    self.assertTrue(np.isin(np.asarray(result.sequences), [4, 5]).any())
+
+  def test_invalid_corpora_raise(self):
+    with self.assertRaisesRegex(ValueError, "no tokens"):
+      drafts.count_unigrams([[]], 6)
+    with self.assertRaisesRegex(ValueError, "outside"):
+      drafts.count_bigrams([[2, 6]], 6)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,180 @@
+"""Speculative sampling has exactly the target's distribution over sequences.
+
+A tiny target (V = 6, at most 3 new tokens) has few enough outcomes to
+enumerate: its exact probability of every whole output sequence, EOS and
+max_decode_len respected, comes from one batched call on all token triples.
+Then 20,000 speculative samples, drawn in one batched call, must pass a
+chi-square test and a total-variation bound against it.
+"""
+
+import itertools
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.stats
+
+import fake_models
+from spec_decode import decoding
+from spec_decode import drafts
+from spec_decode import sampling
+from spec_decode import speculative
+
+VOCAB_SIZE = 6
+EOS_ID = 1
+MAX_DECODE_LEN = 3
+NUM_SAMPLES = 20_000
+CONTEXT = 7  # Every row decodes the same input, so samples are i.i.d.
+
+CONFIGS = {
+    "temperature_1": sampling.SamplingConfig(),
+    "temperature_0_6": sampling.SamplingConfig(temperature=0.6),
+    "top_k_3": sampling.SamplingConfig(top_k=3),
+    "top_p_0_8": sampling.SamplingConfig(top_p=0.8),
+}
+# Draft kind -> gamma. The target as draft drafts past the room left. The
+# good draft's acceptance rate is 0.73-0.89 here, the bad one's 0.28-0.38.
+GAMMAS = {"good": 2, "bad": 1, "target": 4}
+# "none" runs the baseline decoder, as a control of the enumeration.
+DRAFT_KINDS = [*GAMMAS, "none"]
+
+
+def _target():
+  return fake_models.random_model(0, VOCAB_SIZE, scale=1.5, eos_bias=-0.5)
+
+
+def _draft(kind, target, capacity):
+  """Returns a drafts.Draft for NUM_SAMPLES rows."""
+  contexts = [CONTEXT] * NUM_SAMPLES
+  if kind == "good":
+    draft = fake_models.perturbed(target, 1, 0.5)
+    return drafts.Draft(draft, draft.init_cache(contexts, capacity))
+  if kind == "bad":
+    # A unigram with no mass on tokens 4 and 5, which the target wants.
+    corpus = [[0, 2, 2, 3, 1], [3, 3, 0, 2], [2, 1]]
+    return drafts.ngram_draft(
+        drafts.count_unigrams(corpus, VOCAB_SIZE), NUM_SAMPLES
+    )
+  return drafts.target_as_draft(target, target.init_cache(contexts, capacity))
+
+
+def _exact_distribution(target, config):
+  """Maps every outcome (a token tuple) to its exact probability."""
+  triples = np.array(
+      list(itertools.product(range(VOCAB_SIZE), repeat=MAX_DECODE_LEN))
+  )  # [V^3, 3]
+  inputs = np.concatenate(
+      [np.full((len(triples), 1), decoding.BOS_ID), triples[:, :-1]], axis=1
+  )  # [V^3, 3]: [BOS, y_1, y_2]
+  logits, _ = target(
+      jnp.asarray(inputs), target.init_cache([CONTEXT] * len(triples), 3)
+  )
+  probs = np.asarray(sampling.logits_to_probs(logits, config), np.float64)
+  token_probs = np.take_along_axis(probs, triples[..., None], -1)[..., 0]
+  distribution = {}
+  for triple, step_probs in zip(triples, token_probs):
+    length = MAX_DECODE_LEN
+    if EOS_ID in triple:
+      length = list(triple).index(EOS_ID) + 1
+    distribution[tuple(triple[:length])] = np.prod(step_probs[:length])
+  return distribution
+
+
+def _tv_bound(distribution, num_samples, failure_probability=1e-6):
+  """A bound that the TV of an empirical distribution exceeds w.p. < 1e-6.
+
+  E|p_hat(x) - p(x)| <= sqrt(p(x)(1 - p(x)) / N) by Jensen, which bounds the
+  expected TV; and TV moves by at most 1/N when one sample changes, so by
+  McDiarmid's inequality it exceeds its mean by t with probability at most
+  exp(-2 N t^2). With N = 20,000 the bound is 0.028-0.044 for the
+  configurations here (0.019 of it the deviation term), while the expected TV
+  under the null is 0.008-0.020 (normal approximation: sqrt(2 / pi) times the
+  mean term). So a sampler whose TV from the target exceeds about 0.045 fails
+  for sure; the chi-square test on the same samples catches far smaller
+  biases. (Sampling the residual from the target instead of max(0, p - q)
+  gives TV 0.11-0.28 here; the EasyDeL bug, a batch-wide minimum of accepted
+  tokens, gives 0.74-0.80.)
+
+  Args:
+    distribution: outcome -> exact probability.
+    num_samples: N.
+    failure_probability: The chance, under the null, of exceeding the bound.
+
+  Returns:
+    The bound.
+  """
+  probs = np.array(list(distribution.values()))
+  mean_bound = 0.5 * np.sum(np.sqrt(probs * (1 - probs) / num_samples))
+  deviation = math.sqrt(math.log(1 / failure_probability) / (2 * num_samples))
+  return mean_bound + deviation
+
+
+class LosslessTest(parameterized.TestCase):
+
+  @parameterized.product(config_name=list(CONFIGS), draft_kind=DRAFT_KINDS)
+  def test_samples_follow_the_target_distribution(
+      self, config_name, draft_kind
+  ):
+    config = CONFIGS[config_name]
+    target = _target()
+    rng = jax.random.key(
+        list(CONFIGS).index(config_name) * len(DRAFT_KINDS)
+        + DRAFT_KINDS.index(draft_kind)
+    )
+    if draft_kind == "none":
+      result = decoding.autoregressive_decode(
+          target,
+          target.init_cache([CONTEXT] * NUM_SAMPLES, MAX_DECODE_LEN),
+          rng,
+          max_decode_len=MAX_DECODE_LEN,
+          eos_id=EOS_ID,
+          config=config,
+      )
+    else:
+      gamma = GAMMAS[draft_kind]
+      capacity = MAX_DECODE_LEN + gamma + 1
+      draft = _draft(draft_kind, target, capacity)
+      result = speculative.speculative_decode(
+          target,
+          draft.decode_fn,
+          target.init_cache([CONTEXT] * NUM_SAMPLES, capacity),
+          draft.cache,
+          rng,
+          gamma=gamma,
+          max_decode_len=MAX_DECODE_LEN,
+          eos_id=EOS_ID,
+          config=config,
+      )
+    distribution = _exact_distribution(target, config)
+    self.assertAlmostEqual(sum(distribution.values()), 1.0, places=5)
+
+    counts = dict.fromkeys(distribution, 0)
+    for row, length in zip(np.asarray(result.sequences), result.lengths):
+      counts[tuple(row[:length])] += 1  # A KeyError is an impossible outcome.
+    outcomes = sorted(distribution, key=distribution.get)
+    observed = np.array([counts[outcome] for outcome in outcomes])
+    expected = NUM_SAMPLES * np.array([distribution[o] for o in outcomes])
+    self.assertEqual(observed[expected == 0].sum(), 0)
+
+    # Chi-square, with the rarest outcomes pooled until each cell expects 5.
+    rare = np.cumsum(expected) < 5
+    observed = np.concatenate([[observed[rare].sum()], observed[~rare]])
+    expected = np.concatenate([[expected[rare].sum()], expected[~rare]])
+    if expected[0] == 0:
+      observed, expected = observed[1:], expected[1:]
+    _, p_value = scipy.stats.chisquare(
+        observed, expected * (NUM_SAMPLES / expected.sum())
+    )
+    self.assertGreater(p_value, 1e-3)
+
+    total_variation = 0.5 * sum(
+        abs(counts[o] / NUM_SAMPLES - distribution[o]) for o in distribution
+    )
+    self.assertLess(total_variation, _tv_bound(distribution, NUM_SAMPLES))
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,408 @@
+"""Tests for spec_decode.speculative: the kernel, the loop, and its counts."""
+
+import math
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.stats
+
+import fake_models
+from spec_decode import decoding
+from spec_decode import drafts
+from spec_decode import sampling
+from spec_decode import speculative
+from spec_decode.models import t5
+
+GREEDY = sampling.SamplingConfig(temperature=0.0)
+VOCAB_SIZE = 16
+
+
+def _fake_draft(model, contexts, capacity):
+  return drafts.Draft(model, model.init_cache(contexts, capacity))
+
+
+def _speculative(
+    target, draft, contexts, *, gamma, max_decode_len, config, seed=0
+):
+  """Runs speculative_decode on fake models; draft is a drafts.Draft."""
+  return speculative.speculative_decode(
+      target,
+      draft.decode_fn,
+      target.init_cache(contexts, max_decode_len + gamma + 1),
+      draft.cache,
+      jax.random.key(seed),
+      gamma=gamma,
+      max_decode_len=max_decode_len,
+      config=config,
+  )
+
+
+def _baseline(target, contexts, *, max_decode_len, config, seed=0):
+  return decoding.autoregressive_decode(
+      target,
+      target.init_cache(contexts, max_decode_len),
+      jax.random.key(seed),
+      max_decode_len=max_decode_len,
+      config=config,
+  )
+
+
+class KernelTest(parameterized.TestCase):
+
+  def test_worked_example_of_the_docstring(self):
+    draft_probs = jnp.array([[[0.1, 0.2, 0.5, 0.2], [0.1, 0.4, 0.3, 0.2]]])
+    target_probs = jnp.array([[[0.1, 0.1, 0.6, 0.2], [0.3, 0.1, 0.3, 0.3]]])
+    draft_tokens = jnp.array([[2, 1]])
+    take = lambda probs: jnp.take_along_axis(
+        probs, draft_tokens[..., None], axis=-1
+    )[..., 0]
+    num_accepted = speculative.accepted_count(
+        jnp.array([[0.9, 0.5]]), take(target_probs), take(draft_probs)
+    )
+    np.testing.assert_array_equal(num_accepted, [1])
+    residual = speculative.residual_probs(target_probs[0, 1], draft_probs[0, 1])
+    np.testing.assert_allclose(residual, [0.2, 0, 0, 0.1], atol=1e-7)
+    np.testing.assert_allclose(
+        residual / residual.sum(), [2 / 3, 0, 0, 1 / 3], rtol=1e-6
+    )
+
+  def test_draft_probability_zero_needs_no_special_case(self):
+    # r * 0 < p accepts exactly when p > 0, and nothing divides by zero.
+    num_accepted = speculative.accepted_count(
+        jnp.array([[0.0, 0.99], [0.5, 0.0]]),
+        jnp.array([[0.2, 0.1], [0.0, 0.3]]),
+        jnp.array([[0.0, 0.0], [0.0, 0.0]]),
+    )
+    np.testing.assert_array_equal(num_accepted, [2, 0])
+
+  def test_residual_of_equal_distributions_falls_back_to_the_target(self):
+    target_probs = jnp.array([[0.25, 0.5, 0.25, 0.0]])
+    residual = speculative.residual_probs(target_probs, target_probs)
+    np.testing.assert_array_equal(residual, target_probs)
+    tokens = sampling.sample(
+        jax.random.key(0), jnp.broadcast_to(residual, (1000, 4))
+    )
+    self.assertEqual(np.bincount(tokens, minlength=4)[3], 0)
+
+  @parameterized.named_parameters(
+      ("generic", [0.1, 0.2, 0.3, 0.4, 0.0], [0.3, 0.3, 0.1, 0.1, 0.2]),
+      ("draft_misses_tokens", [0.1, 0.2, 0.3, 0.4, 0.0], [0.5, 0.5, 0, 0, 0]),
+      ("equal", [0.1, 0.2, 0.3, 0.4, 0.0], [0.1, 0.2, 0.3, 0.4, 0.0]),
+      ("one_hot_target", [0, 0, 1, 0, 0], [0.2, 0.2, 0.2, 0.2, 0.2]),
+      ("disjoint", [0.5, 0.5, 0, 0, 0], [0, 0, 0, 0.5, 0.5]),
+  )
+  def test_emitted_token_has_the_target_distribution(
+      self, target_probs, draft_probs
+  ):
+    target_probs = np.array(target_probs, np.float32)
+    draft_probs = np.array(draft_probs, np.float32)
+
+    # Exactly: P(y) = q(y) min(1, p(y) / q(y)) + P(reject) residual(y)
+    #               = min(p(y), q(y)) + (1 - sum_x min(p, q)) residual(y).
+    overlap = np.minimum(target_probs, draft_probs)
+    residual = np.asarray(speculative.residual_probs(target_probs, draft_probs))
+    emitted = overlap + (1 - overlap.sum()) * residual / residual.sum()
+    np.testing.assert_allclose(emitted, target_probs, atol=1e-7)
+
+    # By sampling, with gamma = 1: the first emitted token is x_1 when it is
+    # accepted, the residual's token otherwise.
+    num_rows = 100_000
+    draft_tokens = sampling.sample(
+        jax.random.key(1), jnp.broadcast_to(draft_probs, (num_rows, 5))
+    )[
+        :, None
+    ]  # [B, 1]
+    num_accepted, next_tokens = speculative.verify(
+        jax.random.key(2),
+        jax.random.key(3),
+        jnp.broadcast_to(target_probs, (num_rows, 2, 5)),
+        jnp.broadcast_to(draft_probs, (num_rows, 1, 5)),
+        draft_tokens,
+    )
+    tokens = np.where(num_accepted == 1, draft_tokens[:, 0], next_tokens)
+    counts = np.bincount(tokens, minlength=5)
+    support = target_probs > 0
+    np.testing.assert_array_equal(counts[~support], 0)
+    if support.sum() > 1:
+      expected = target_probs[support].astype(np.float64)
+      _, p_value = scipy.stats.chisquare(
+          counts[support], num_rows * expected / expected.sum()
+      )
+      self.assertGreater(p_value, 1e-3)
+
+
+class GreedyTest(parameterized.TestCase):
+  """Greedy speculative decoding emits the greedy baseline's tokens."""
+
+  @parameterized.product(
+      draft_kind=["other_model", "unigram", "target"], gamma=[1, 2, 4, 7]
+  )
+  def test_matches_baseline(self, draft_kind, gamma):
+    max_decode_len = 14
+    target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=0.5)
+    for batch_size in [1, 3, 8]:
+      contexts = fake_models.context_ids(batch_size, seed=batch_size)
+      capacity = max_decode_len + gamma + 1
+      if draft_kind == "other_model":
+        draft = _fake_draft(
+            fake_models.perturbed(target, 1, 1.5), contexts, capacity
+        )
+      elif draft_kind == "unigram":
+        corpus = np.random.default_rng(0).integers(0, VOCAB_SIZE, (20, 10))
+        draft = drafts.ngram_draft(
+            drafts.count_unigrams(corpus, VOCAB_SIZE), batch_size
+        )
+      else:
+        draft = _fake_draft(target, contexts, capacity)
+      result = _speculative(
+          target,
+          draft,
+          contexts,
+          gamma=gamma,
+          max_decode_len=max_decode_len,
+          config=GREEDY,
+      )
+      baseline = _baseline(
+          target, contexts, max_decode_len=max_decode_len, config=GREEDY
+      )
+      np.testing.assert_array_equal(result.sequences, baseline.sequences)
+      np.testing.assert_array_equal(result.lengths, baseline.lengths)
+      if draft_kind == "target":
+        np.testing.assert_array_equal(
+            result.target_calls, -(-result.lengths // (gamma + 1))
+        )
+        self.assertEqual(result.acceptance_rate(), 1.0)
+    # Rows of the last batch finish at different times.
+    self.assertGreater(len(set(np.asarray(result.lengths))), 1)
+
+  def test_bfloat16_logits(self):
+    target = fake_models.random_model(0, VOCAB_SIZE, dtype=jnp.bfloat16)
+    draft = fake_models.perturbed(target, 1, 1.0)
+    contexts = fake_models.context_ids(4)
+    result = _speculative(
+        target,
+        _fake_draft(draft, contexts, 16),
+        contexts,
+        gamma=3,
+        max_decode_len=12,
+        config=GREEDY,
+    )
+    baseline = _baseline(target, contexts, max_decode_len=12, config=GREEDY)
+    np.testing.assert_array_equal(result.sequences, baseline.sequences)
+    self.assertEqual(result.beta_sum.dtype, jnp.float32)
+
+
+class T5GreedyTest(parameterized.TestCase):
+  """Greedy speculative T5 emits the greedy baseline's tokens, in float32."""
+
+  MAX_DECODE_LEN = 10
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    config = t5.T5Config(
+        vocab_size=97,
+        emb_dim=16,
+        num_heads=4,
+        head_dim=8,
+        mlp_dim=32,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+    )
+    cls.model = t5.Transformer(config)
+    cls.params = t5.init_params(config, jax.random.key(0))
+    inputs = np.random.default_rng(0).integers(2, 97, (3, 7))
+    inputs[1, 4:] = 0  # Rows of different input lengths.
+    cls.inputs = inputs
+    target = drafts.t5_draft(cls.model, cls.params, inputs, cls.MAX_DECODE_LEN)
+    cls.baseline = decoding.autoregressive_decode(
+        target.decode_fn,
+        target.cache,
+        jax.random.key(0),
+        max_decode_len=cls.MAX_DECODE_LEN,
+        config=GREEDY,
+    )
+
+  @parameterized.product(
+      draft_kind=["smaller_t5", "unigram", "target"], gamma=[1, 4]
+  )
+  def test_matches_baseline(self, draft_kind, gamma):
+    capacity = self.MAX_DECODE_LEN + gamma + 1
+    target = drafts.t5_draft(self.model, self.params, self.inputs, capacity)
+    if draft_kind == "smaller_t5":
+      config = t5.T5Config(
+          vocab_size=97,
+          emb_dim=8,
+          num_heads=2,
+          head_dim=4,
+          mlp_dim=16,
+          num_encoder_layers=1,
+          num_decoder_layers=1,
+      )
+      draft = drafts.t5_draft(
+          t5.Transformer(config),
+          t5.init_params(config, jax.random.key(1)),
+          self.inputs,
+          capacity,
+      )
+    elif draft_kind == "unigram":  # Counted over the target's own outputs.
+      corpus = [
+          row[:length]
+          for row, length in zip(
+              np.asarray(self.baseline.sequences), self.baseline.lengths
+          )
+      ]
+      draft = drafts.ngram_draft(drafts.count_unigrams(corpus, 97), 3)
+    else:
+      draft = target
+    result = speculative.speculative_decode(
+        target.decode_fn,
+        draft.decode_fn,
+        target.cache,
+        draft.cache,
+        jax.random.key(0),
+        gamma=gamma,
+        max_decode_len=self.MAX_DECODE_LEN,
+        config=GREEDY,
+    )
+    np.testing.assert_array_equal(result.sequences, self.baseline.sequences)
+    np.testing.assert_array_equal(result.lengths, self.baseline.lengths)
+    if draft_kind == "target":
+      np.testing.assert_array_equal(
+          result.target_calls, -(-result.lengths // (gamma + 1))
+      )
+    if draft_kind == "unigram":
+      self.assertGreater(int(result.accepted_tokens.sum()), 0)
+
+
+class CountingTest(parameterized.TestCase):
+  """Target calls, drafted and accepted tokens, and the alpha estimates.
+
+  No target step precedes the loop: the first target call is the first
+  iteration's verify call on [BOS, x_1..x_gamma]. So with the target as its
+  own draft, every call emits gamma + 1 tokens, and n tokens take exactly
+  ceil(n / (gamma + 1)) target calls.
+  """
+
+  @parameterized.parameters(1, 2, 4, 7)
+  def test_target_as_draft_takes_ceil_n_over_gamma_plus_1_calls(self, gamma):
+    max_decode_len = 10
+    target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=-np.inf)
+    contexts = fake_models.context_ids(3)
+    result = _speculative(
+        target,
+        drafts.target_as_draft(
+            target, target.init_cache(contexts, max_decode_len + gamma + 1)
+        ),
+        contexts,
+        gamma=gamma,
+        max_decode_len=max_decode_len,
+        config=sampling.SamplingConfig(),
+    )
+    np.testing.assert_array_equal(result.lengths, max_decode_len)
+    np.testing.assert_array_equal(
+        result.target_calls, math.ceil(max_decode_len / (gamma + 1))
+    )
+    self.assertEqual(result.acceptance_rate(), 1.0)
+    self.assertAlmostEqual(float(result.alpha_estimate()), 1.0, places=6)
+
+  def test_contrary_draft_emits_one_token_per_call(self):
+    target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=-1e9)
+    contexts = fake_models.context_ids(3)
+    result = _speculative(
+        target,
+        _fake_draft(fake_models.contrary(target), contexts, 15),
+        contexts,
+        gamma=4,
+        max_decode_len=10,
+        config=GREEDY,
+    )
+    np.testing.assert_array_equal(result.target_calls, 10)
+    np.testing.assert_array_equal(result.accepted_tokens, 0)
+    np.testing.assert_array_equal(result.drafted_tokens, 10)
+    self.assertEqual(result.alpha_estimate(), 0.0)
+    baseline = _baseline(target, contexts, max_decode_len=10, config=GREEDY)
+    np.testing.assert_array_equal(result.sequences, baseline.sequences)
+
+  @parameterized.named_parameters(
+      ("target_as_draft", 3, 10, True),
+      ("gamma_beyond_the_room_left", 7, 3, False),
+  )
+  def test_model_calls_and_cache_bounds_without_jit(
+      self, gamma, max_decode_len, draft_is_target
+  ):
+    target = fake_models.random_model(2, VOCAB_SIZE, eos_bias=0.5)
+    contexts = fake_models.context_ids(3, seed=5)
+    capacity = max_decode_len + gamma + 1
+    draft_model = (
+        target if draft_is_target else fake_models.perturbed(target, 1, 1.0)
+    )
+    target_counter = fake_models.CallCounter(target)
+    draft_counter = fake_models.CallCounter(draft_model)
+    with jax.disable_jit():
+      result = speculative.speculative_decode(
+          target_counter,
+          draft_counter,
+          target.init_cache(contexts, capacity),
+          draft_model.init_cache(contexts, capacity),
+          jax.random.key(0),
+          gamma=gamma,
+          max_decode_len=max_decode_len,
+          config=sampling.SamplingConfig(),
+      )
+    # The batch calls the target until its last row is done.
+    self.assertEqual(target_counter.calls, int(result.target_calls.max()))
+    self.assertEqual(draft_counter.calls, gamma * target_counter.calls)
+    self.assertLessEqual(target_counter.max_end, capacity)
+    self.assertLessEqual(draft_counter.max_end, capacity)
+    if draft_is_target:
+      np.testing.assert_array_equal(
+          result.target_calls, -(-result.lengths // (gamma + 1))
+      )
+      # Rows finish apart, so done rows run along within the capacity.
+      self.assertGreater(len(set(np.asarray(result.lengths))), 1)
+
+  def test_eos_accepted_mid_block_ends_the_row(self):
+    target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=2.0)
+    contexts = fake_models.context_ids(8)
+    result = _speculative(
+        target,
+        _fake_draft(target, contexts, 20),
+        contexts,
+        gamma=7,
+        max_decode_len=12,
+        config=sampling.SamplingConfig(),
+    )
+    sequences = np.asarray(result.sequences)
+    lengths = np.asarray(result.lengths)
+    ended_early = lengths < 12
+    self.assertGreaterEqual(ended_early.sum(), 2)
+    for row, length in zip(sequences, lengths):
+      self.assertNotIn(1, row[: length - 1])
+      np.testing.assert_array_equal(row[length:], 0)
+    np.testing.assert_array_equal(
+        sequences[ended_early, lengths[ended_early] - 1], 1
+    )
+    np.testing.assert_array_equal(result.target_calls, -(-lengths // 8))
+    np.testing.assert_array_equal(result.accepted_tokens, result.drafted_tokens)
+
+  @parameterized.named_parameters(
+      ("zero_gamma", dict(gamma=0), "gamma"),
+      ("float_gamma", dict(gamma=2.0), "gamma"),
+      ("zero_length", dict(max_decode_len=0), "max_decode_len"),
+  )
+  def test_invalid_arguments_raise(self, kwargs, name):
+    target = fake_models.random_model(0, 4)
+    cache = target.init_cache([0], 8)
+    kwargs = dict(dict(gamma=2, max_decode_len=4), **kwargs)
+    with self.assertRaisesRegex(ValueError, f"^{name} must be"):
+      speculative.speculative_decode(
+          target, target, cache, cache, jax.random.key(0), **kwargs
+      )
+
+
+if __name__ == "__main__":
+  absltest.main()

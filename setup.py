@@ -22,6 +22,7 @@ INSTALL_REQUIRES = [
 # Test-only: the PyTorch reference T5. torch is pinned exactly: an unpinned
 # torch pulls a multi-GB CUDA build.
 TEST_REQUIRES = [
+    "pyink==26.5.1",
     "pytest==9.2.0",
     "scipy==1.17.1",
     "torch==2.13.0",

@@ -43,7 +43,8 @@ def scope_bindings(text, scope):
   """Moves every binding and include of a gin file's text into `scope`."""
   text = _BINDING.sub(f"{scope}/", text)
   return _INCLUDE.sub(
-      lambda m: f"include {m[1]}{scope}:{m['path']}{m[1]}", text)
+      lambda m: f"include {m[1]}{scope}:{m['path']}{m[1]}", text
+  )
 
 
 def _is_scoped_file(path):

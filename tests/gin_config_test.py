@@ -24,19 +24,26 @@ class ScopedIncludeTest(absltest.TestCase):
 
   def test_two_sizes_under_two_scopes(self):
     with tempfile.TemporaryDirectory() as tmp:
-      run = self._write(tmp, "run.gin", (
-          "include 'target:models/t5_1_1_xxl.gin'\n"
-          "include 'draft:models/t5_1_1_small.gin'\n"
-          "target/T5Config.dtype = 'bfloat16'\n"))
+      run = self._write(
+          tmp,
+          "run.gin",
+          (
+              "include 'target:models/t5_1_1_xxl.gin'\n"
+              "include 'draft:models/t5_1_1_small.gin'\n"
+              "target/T5Config.dtype = 'bfloat16'\n"
+          ),
+      )
       gin_config.parse([run])
     with gin.config_scope("target"):
       target = T5Config()
     with gin.config_scope("draft"):
       draft = T5Config()
-    self.assertEqual((target.emb_dim, target.num_heads, target.dtype),
-                     (4096, 64, "bfloat16"))
-    self.assertEqual((draft.emb_dim, draft.num_heads, draft.dtype),
-                     (512, 6, "float32"))
+    self.assertEqual(
+        (target.emb_dim, target.num_heads, target.dtype), (4096, 64, "bfloat16")
+    )
+    self.assertEqual(
+        (draft.emb_dim, draft.num_heads, draft.dtype), (512, 6, "float32")
+    )
     # Nothing leaks into the unscoped T5Config.
     with self.assertRaisesRegex(RuntimeError, "vocab_size"):
       T5Config()
@@ -44,8 +51,9 @@ class ScopedIncludeTest(absltest.TestCase):
   def test_nested_includes_keep_the_scope(self):
     with tempfile.TemporaryDirectory() as tmp:
       self._write(tmp, "inner.gin", "T5Config.vocab_size = 7\n")
-      self._write(tmp, "outer.gin",
-                  f"include '{tmp}/inner.gin'\nT5Config.emb_dim = 3\n")
+      self._write(
+          tmp, "outer.gin", f"include '{tmp}/inner.gin'\nT5Config.emb_dim = 3\n"
+      )
       run = self._write(tmp, "run.gin", f"include 'draft:{tmp}/outer.gin'\n")
       gin_config.parse([run])
     with gin.config_scope("draft"):
@@ -53,12 +61,15 @@ class ScopedIncludeTest(absltest.TestCase):
     self.assertEqual((config.vocab_size, config.emb_dim), (7, 3))
 
   def test_scope_bindings_text(self):
-    text = ("# comment\nT5Config.emb_dim = 8\nfoo/T5Config.dtype = 'x'\n"
-            "include 'models/a.gin'\n")
+    text = (
+        "# comment\nT5Config.emb_dim = 8\nfoo/T5Config.dtype = 'x'\n"
+        "include 'models/a.gin'\n"
+    )
     self.assertEqual(
         gin_config.scope_bindings(text, "draft"),
         "# comment\ndraft/T5Config.emb_dim = 8\n"
-        "draft/foo/T5Config.dtype = 'x'\ninclude 'draft:models/a.gin'\n")
+        "draft/foo/T5Config.dtype = 'x'\ninclude 'draft:models/a.gin'\n",
+    )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,20 @@ DECODER_LEN = 140
 
 
 def _configs():
-  common = dict(vocab_size=128, emb_dim=32, num_heads=4, head_dim=8,
-                mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2)
+  common = dict(
+      vocab_size=128,
+      emb_dim=32,
+      num_heads=4,
+      head_dim=8,
+      mlp_dim=64,
+      num_encoder_layers=2,
+      num_decoder_layers=2,
+  )
   return {
       "t5_1_1": t5.T5Config(**common),
-      "t5_1_0": t5.T5Config(**common, mlp_activations=("relu",),
-                            logits_via_embedding=True),
+      "t5_1_0": t5.T5Config(
+          **common, mlp_activations=("relu",), logits_via_embedding=True
+      ),
   }
 
 
@@ -52,13 +60,17 @@ def _save_hf_model(config, directory, std):
   """
   v1_1 = not config.logits_via_embedding
   hf_config = transformers.T5Config(
-      vocab_size=config.vocab_size, d_model=config.emb_dim,
-      d_kv=config.head_dim, d_ff=config.mlp_dim,
+      vocab_size=config.vocab_size,
+      d_model=config.emb_dim,
+      d_kv=config.head_dim,
+      d_ff=config.mlp_dim,
       num_layers=config.num_encoder_layers,
       num_decoder_layers=config.num_decoder_layers,
       num_heads=config.num_heads,
       feed_forward_proj="gated-gelu" if v1_1 else "relu",
-      tie_word_embeddings=not v1_1, dropout_rate=0.0)
+      tie_word_embeddings=not v1_1,
+      dropout_rate=0.0,
+  )
   torch.manual_seed(0)
   model = transformers.T5ForConditionalGeneration(hf_config).eval()
   with torch.no_grad():  # Weights of T5's scale, not the tiny default init.
@@ -68,7 +80,8 @@ def _save_hf_model(config, directory, std):
     # transformers 5.x ties lm_head to the embedding even for T5 1.1; the
     # published T5 1.1 checkpoints have their own.
     model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(config.vocab_size, config.emb_dim))
+        torch.randn(config.vocab_size, config.emb_dim)
+    )
     model.all_tied_weights_keys.pop("lm_head.weight")
   model.save_pretrained(directory)
   return model
@@ -97,7 +110,8 @@ class HfParityTest(parameterized.TestCase):
       expected = hf_model(
           input_ids=torch.from_numpy(inputs).long(),
           attention_mask=torch.from_numpy(inputs > 0).long(),
-          decoder_input_ids=torch.from_numpy(targets).long()).logits.numpy()
+          decoder_input_ids=torch.from_numpy(targets).long(),
+      ).logits.numpy()
     self.assertGreater(np.abs(expected).max(), 1.0)
 
     model = t5.Transformer(config)
@@ -108,17 +122,20 @@ class HfParityTest(parameterized.TestCase):
     # The cached path: a 100-token prefill, then a gamma + 1 = 8 chunk, then
     # single steps past position 128.
     encoded = model.apply(variables, inputs, method=model.encode)
-    cache = model.apply(variables, encoded, inputs, DECODER_LEN,
-                        method=model.init_cache)
+    cache = model.apply(
+        variables, encoded, inputs, DECODER_LEN, method=model.init_cache
+    )
     decoder = t5.make_decode_fn(model, params)
     decode = jax.jit(lambda tokens, cache: decoder(tokens, cache))
     chunks = []
     for start, stop in [(0, 100), (100, 108)] + [
-        (t, t + 1) for t in range(108, DECODER_LEN)]:
+        (t, t + 1) for t in range(108, DECODER_LEN)
+    ]:
       logits, cache = decode(jnp.asarray(targets[:, start:stop]), cache)
       chunks.append(logits)
     np.testing.assert_allclose(
-        np.concatenate(chunks, axis=1), expected, rtol=0, atol=ATOL)
+        np.concatenate(chunks, axis=1), expected, rtol=0, atol=ATOL
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from spec_decode.models import t5
 
 GREEDY = sampling.SamplingConfig(temperature=0.0)
 VOCAB_SIZE = 16
+# Batch sizes of the greedy equality tests (issue 3: 1, 3 and 8).
+BATCH_SIZES = (1, 3, 8)
 
 
 def _fake_draft(model, contexts, capacity):
@@ -143,7 +145,7 @@ class GreedyTest(parameterized.TestCase):
   def test_matches_baseline(self, draft_kind, gamma):
     max_decode_len = 14
     target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=0.5)
-    for batch_size in [1, 3, 8]:
+    for batch_size in BATCH_SIZES:
       contexts = fake_models.context_ids(batch_size, seed=batch_size)
       capacity = max_decode_len + gamma + 1
       if draft_kind == "other_model":
@@ -214,24 +216,32 @@ class T5GreedyTest(parameterized.TestCase):
     )
     cls.model = t5.Transformer(config)
     cls.params = t5.init_params(config, jax.random.key(0))
-    inputs = np.random.default_rng(0).integers(2, 97, (3, 7))
-    inputs[1, 4:] = 0  # Rows of different input lengths.
-    cls.inputs = inputs
-    target = drafts.t5_draft(cls.model, cls.params, inputs, cls.MAX_DECODE_LEN)
-    cls.baseline = decoding.autoregressive_decode(
-        target.decode_fn,
-        target.cache,
-        jax.random.key(0),
-        max_decode_len=cls.MAX_DECODE_LEN,
-        config=GREEDY,
-    )
+    inputs = np.random.default_rng(0).integers(2, 97, (8, 7))
+    inputs[1::2, 4:] = 0  # Rows of different input lengths.
+    cls.inputs = {size: inputs[:size] for size in BATCH_SIZES}
+    cls.baselines = {}
+    for size, rows in cls.inputs.items():
+      target = drafts.t5_draft(cls.model, cls.params, rows, cls.MAX_DECODE_LEN)
+      cls.baselines[size] = decoding.autoregressive_decode(
+          target.decode_fn,
+          target.cache,
+          jax.random.key(0),
+          max_decode_len=cls.MAX_DECODE_LEN,
+          config=GREEDY,
+      )
 
   @parameterized.product(
-      draft_kind=["smaller_t5", "unigram", "target"], gamma=[1, 4]
+      draft_kind=["smaller_t5", "unigram", "target"], gamma=[1, 2, 4, 7]
   )
   def test_matches_baseline(self, draft_kind, gamma):
+    for batch_size in BATCH_SIZES:
+      with self.subTest(batch_size=batch_size):
+        self._check_matches_baseline(draft_kind, gamma, batch_size)
+
+  def _check_matches_baseline(self, draft_kind, gamma, batch_size):
+    inputs, baseline = self.inputs[batch_size], self.baselines[batch_size]
     capacity = self.MAX_DECODE_LEN + gamma + 1
-    target = drafts.t5_draft(self.model, self.params, self.inputs, capacity)
+    target = drafts.t5_draft(self.model, self.params, inputs, capacity)
     if draft_kind == "smaller_t5":
       config = t5.T5Config(
           vocab_size=97,
@@ -245,17 +255,17 @@ class T5GreedyTest(parameterized.TestCase):
       draft = drafts.t5_draft(
           t5.Transformer(config),
           t5.init_params(config, jax.random.key(1)),
-          self.inputs,
+          inputs,
           capacity,
       )
     elif draft_kind == "unigram":  # Counted over the target's own outputs.
       corpus = [
           row[:length]
           for row, length in zip(
-              np.asarray(self.baseline.sequences), self.baseline.lengths
+              np.asarray(baseline.sequences), baseline.lengths
           )
       ]
-      draft = drafts.ngram_draft(drafts.count_unigrams(corpus, 97), 3)
+      draft = drafts.ngram_draft(drafts.count_unigrams(corpus, 97), batch_size)
     else:
       draft = target
     result = speculative.speculative_decode(
@@ -268,8 +278,8 @@ class T5GreedyTest(parameterized.TestCase):
         max_decode_len=self.MAX_DECODE_LEN,
         config=GREEDY,
     )
-    np.testing.assert_array_equal(result.sequences, self.baseline.sequences)
-    np.testing.assert_array_equal(result.lengths, self.baseline.lengths)
+    np.testing.assert_array_equal(result.sequences, baseline.sequences)
+    np.testing.assert_array_equal(result.lengths, baseline.lengths)
     if draft_kind == "target":
       np.testing.assert_array_equal(
           result.target_calls, -(-result.lengths // (gamma + 1))

@@ -17,17 +17,35 @@ ATOL = 1e-5
 
 def _config(family):
   if family == "t5_1_1":
-    return t5.T5Config(vocab_size=97, emb_dim=16, num_heads=4, head_dim=8,
-                       mlp_dim=32, num_encoder_layers=2, num_decoder_layers=3)
-  return t5.T5Config(vocab_size=97, emb_dim=16, num_heads=4, head_dim=8,
-                     mlp_dim=32, num_encoder_layers=2, num_decoder_layers=3,
-                     mlp_activations=("relu",), logits_via_embedding=True)
+    return t5.T5Config(
+        vocab_size=97,
+        emb_dim=16,
+        num_heads=4,
+        head_dim=8,
+        mlp_dim=32,
+        num_encoder_layers=2,
+        num_decoder_layers=3,
+    )
+  return t5.T5Config(
+      vocab_size=97,
+      emb_dim=16,
+      num_heads=4,
+      head_dim=8,
+      mlp_dim=32,
+      num_encoder_layers=2,
+      num_decoder_layers=3,
+      mlp_activations=("relu",),
+      logits_via_embedding=True,
+  )
 
 
 @functools.cache
 def _jitted_decode(model):
-  return jax.jit(lambda params, tokens, cache: model.apply(
-      {"params": params}, tokens, cache, method=model.decode))
+  return jax.jit(
+      lambda params, tokens, cache: model.apply(
+          {"params": params}, tokens, cache, method=model.decode
+      )
+  )
 
 
 class CachedDecodeTest(parameterized.TestCase):
@@ -39,7 +57,7 @@ class CachedDecodeTest(parameterized.TestCase):
     rng = np.random.default_rng(seed)
     inputs = rng.integers(2, config.vocab_size, (batch, enc_len))
     for b in range(batch):  # Right padding of different lengths.
-      inputs[b, enc_len - b:] = 0
+      inputs[b, enc_len - b :] = 0
     targets = rng.integers(2, config.vocab_size, (batch, dec_len))
     targets[:, 0] = 0  # Decoding starts from token 0.
     full = model.apply({"params": params}, inputs, targets)
@@ -47,8 +65,9 @@ class CachedDecodeTest(parameterized.TestCase):
     return model, params, inputs, targets, full, encoded
 
   def _cache(self, model, params, encoded, inputs, max_length):
-    return model.apply({"params": params}, encoded, inputs, max_length,
-                       method=model.init_cache)
+    return model.apply(
+        {"params": params}, encoded, inputs, max_length, method=model.init_cache
+    )
 
   def _decode(self, model, params, tokens, cache):
     return _jitted_decode(model)(params, jnp.asarray(tokens), cache)
@@ -61,16 +80,18 @@ class CachedDecodeTest(parameterized.TestCase):
     logits, cache = self._decode(model, params, targets[:, :prefill], cache)
     chunks = [logits]
     for t in range(prefill, targets.shape[1]):
-      logits, cache = self._decode(model, params, targets[:, t:t + 1], cache)
+      logits, cache = self._decode(model, params, targets[:, t : t + 1], cache)
       chunks.append(logits)
     np.testing.assert_allclose(
-        np.concatenate(chunks, axis=1), full, rtol=0, atol=ATOL)
+        np.concatenate(chunks, axis=1), full, rtol=0, atol=ATOL
+    )
     np.testing.assert_array_equal(cache.lengths, targets.shape[1])
 
   @parameterized.parameters("t5_1_1", "t5_1_0")
   def test_random_chunks_with_different_row_lengths(self, family):
     model, params, inputs, targets, full, encoded = self._setup(
-        family, batch=4, dec_len=30)
+        family, batch=4, dec_len=30
+    )
     rng = np.random.default_rng(1)
     max_chunk = 5
     cache = self._cache(model, params, encoded, inputs, 30 + max_chunk)
@@ -79,15 +100,19 @@ class CachedDecodeTest(parameterized.TestCase):
     steps = 0
     while lengths.min() < targets.shape[1]:
       size = int(rng.integers(1, max_chunk + 1))
-      chunk = np.stack([padded[b, l:l + size] for b, l in enumerate(lengths)])
+      chunk = np.stack([padded[b, l : l + size] for b, l in enumerate(lengths)])
       cache = cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
       logits, cache = self._decode(model, params, chunk, cache)
       np.testing.assert_array_equal(cache.lengths, lengths + size)
       for b, start in enumerate(lengths):
         valid = min(size, targets.shape[1] - start)
         np.testing.assert_allclose(
-            logits[b, :valid], full[b, start:start + valid], rtol=0,
-            atol=ATOL, err_msg=f"row {b} from position {start}")
+            logits[b, :valid],
+            full[b, start : start + valid],
+            rtol=0,
+            atol=ATOL,
+            err_msg=f"row {b} from position {start}",
+        )
       # Each row keeps its own number of the chunk's tokens and rolls back
       # the rest, so rows drift apart.
       keep = rng.integers(0, size + 1, size=4)
@@ -118,12 +143,14 @@ class CachedDecodeTest(parameterized.TestCase):
   def test_positions_beyond_max_distance(self):
     # 150 positions cross the last relative-position bucket (distance 128).
     model, params, inputs, targets, full, encoded = self._setup(
-        "t5_1_1", batch=2, dec_len=150)
+        "t5_1_1", batch=2, dec_len=150
+    )
     cache = self._cache(model, params, encoded, inputs, 150)
     logits, cache = self._decode(model, params, targets[:, :137], cache)
     rest, _ = self._decode(model, params, targets[:, 137:], cache)
     np.testing.assert_allclose(
-        np.concatenate([logits, rest], axis=1), full, rtol=0, atol=ATOL)
+        np.concatenate([logits, rest], axis=1), full, rtol=0, atol=ATOL
+    )
 
   def test_writes_past_capacity_are_dropped(self):
     model, params, inputs, targets, _, encoded = self._setup("t5_1_1")
@@ -131,8 +158,9 @@ class CachedDecodeTest(parameterized.TestCase):
     _, cache = self._decode(model, params, targets[:, :6], cache)
     before = np.asarray(cache.keys[0])
     _, after = self._decode(model, params, targets[:, 6:10], cache)
-    np.testing.assert_array_equal(np.asarray(after.keys[0])[:, :6],
-                                  before[:, :6])
+    np.testing.assert_array_equal(
+        np.asarray(after.keys[0])[:, :6], before[:, :6]
+    )
 
 
 class RelativePositionBucketTest(absltest.TestCase):
@@ -152,14 +180,17 @@ class RelativePositionBucketTest(absltest.TestCase):
       if distance < max_exact:
         return bucket + distance
       large = max_exact + int(
-          np.log(np.float32(distance) / max_exact) / np.log(
-              max_distance / max_exact) * (num_buckets - max_exact))
+          np.log(np.float32(distance) / max_exact)
+          / np.log(max_distance / max_exact)
+          * (num_buckets - max_exact)
+      )
       return bucket + min(large, num_buckets - 1)
 
     relative = np.arange(-600, 600)
     for bidirectional in (True, False):
       got = layers.relative_position_bucket(
-          jnp.asarray(relative), bidirectional, 32, 128)
+          jnp.asarray(relative), bidirectional, 32, 128
+      )
       want = [reference(r, bidirectional) for r in relative]
       np.testing.assert_array_equal(got, want)
 
@@ -170,21 +201,30 @@ class ParamTreeTest(absltest.TestCase):
     config = _config("t5_1_1")
     axes = t5.param_logical_axes(config)
     layer = axes["decoder"]["layers_0"]
-    self.assertEqual(tuple(layer["self_attention"]["query"]["kernel"]),
-                     ("embed", "joined_kv"))
-    self.assertEqual(tuple(layer["encoder_decoder_attention"]["out"]["kernel"]),
-                     ("joined_kv", "embed"))
+    self.assertEqual(
+        tuple(layer["self_attention"]["query"]["kernel"]),
+        ("embed", "joined_kv"),
+    )
+    self.assertEqual(
+        tuple(layer["encoder_decoder_attention"]["out"]["kernel"]),
+        ("joined_kv", "embed"),
+    )
     self.assertEqual(tuple(layer["mlp"]["wi_0"]["kernel"]), ("embed", "mlp"))
-    self.assertEqual(tuple(axes["decoder"]["relpos_bias"]["rel_embedding"]),
-                     ("heads", "relpos_buckets"))
-    self.assertEqual(tuple(axes["token_embedder"]["embedding"]),
-                     ("vocab", "embed"))
-    self.assertEqual(tuple(axes["decoder"]["logits_dense"]["kernel"]),
-                     ("embed", "vocab"))
+    self.assertEqual(
+        tuple(axes["decoder"]["relpos_bias"]["rel_embedding"]),
+        ("heads", "relpos_buckets"),
+    )
+    self.assertEqual(
+        tuple(axes["token_embedder"]["embedding"]), ("vocab", "embed")
+    )
+    self.assertEqual(
+        tuple(axes["decoder"]["logits_dense"]["kernel"]), ("embed", "vocab")
+    )
     shapes = t5.param_shapes(config)
     self.assertEqual(
         shapes["encoder"]["layers_1"]["attention"]["query"]["kernel"].shape,
-        (16, 32))
+        (16, 32),
+    )
 
   def test_t5_1_0_has_no_logits_dense_and_one_wi(self):
     shapes = t5.param_shapes(_config("t5_1_0"))

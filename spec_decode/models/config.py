@@ -49,20 +49,33 @@ class T5Config:
   dtype: str = "float32"
 
   def __post_init__(self):
-    for name in ("vocab_size", "emb_dim", "num_heads", "head_dim", "mlp_dim",
-                 "num_encoder_layers", "num_decoder_layers", "num_buckets",
-                 "max_distance"):
+    for name in (
+        "vocab_size",
+        "emb_dim",
+        "num_heads",
+        "head_dim",
+        "mlp_dim",
+        "num_encoder_layers",
+        "num_decoder_layers",
+        "num_buckets",
+        "max_distance",
+    ):
       if int(getattr(self, name)) < 1:
-        raise ValueError(f"T5Config.{name} must be >= 1, got "
-                         f"{getattr(self, name)}")
+        raise ValueError(
+            f"T5Config.{name} must be >= 1, got " f"{getattr(self, name)}"
+        )
     known = {"gelu", "relu", "linear", "silu"}
     unknown = set(self.mlp_activations) - known
     if unknown:
-      raise ValueError(f"T5Config.mlp_activations: unknown {sorted(unknown)}; "
-                       f"known: {sorted(known)}")
+      raise ValueError(
+          f"T5Config.mlp_activations: unknown {sorted(unknown)}; "
+          f"known: {sorted(known)}"
+      )
     if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(f"T5Config.dtype must be 'float32' or 'bfloat16', got "
-                       f"{self.dtype!r}")
+      raise ValueError(
+          f"T5Config.dtype must be 'float32' or 'bfloat16', got "
+          f"{self.dtype!r}"
+      )
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
 
   @property

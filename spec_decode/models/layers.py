@@ -41,8 +41,11 @@ class RmsNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     scale = self.param(
-        "scale", _partitioned(nn.initializers.ones, ("embed",)),
-        (x.shape[-1],), jnp.float32)
+        "scale",
+        _partitioned(nn.initializers.ones, ("embed",)),
+        (x.shape[-1],),
+        jnp.float32,
+    )
     x = x.astype(jnp.float32)
     variance = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     x = x * lax.rsqrt(variance + RMS_NORM_EPSILON)
@@ -56,13 +59,17 @@ class Dense(nn.Module):
   kernel_axes: tuple[str, str]
   dtype: DType = jnp.float32
   kernel_init: Any = nn.initializers.variance_scaling(
-      1.0, "fan_in", "truncated_normal")
+      1.0, "fan_in", "truncated_normal"
+  )
 
   @nn.compact
   def __call__(self, x):
     kernel = self.param(
-        "kernel", _partitioned(self.kernel_init, self.kernel_axes),
-        (x.shape[-1], self.features), jnp.float32)
+        "kernel",
+        _partitioned(self.kernel_init, self.kernel_axes),
+        (x.shape[-1], self.features),
+        jnp.float32,
+    )
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
@@ -77,7 +84,9 @@ class Embed(nn.Module):
     self.embedding = self.param(
         "embedding",
         _partitioned(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
-        (self.num_embeddings, self.features), jnp.float32)
+        (self.num_embeddings, self.features),
+        jnp.float32,
+    )
 
   def __call__(self, tokens):
     """Looks up int tokens [...] -> [..., features]."""
@@ -88,8 +97,9 @@ class Embed(nn.Module):
     return jnp.dot(x.astype(jnp.float32), self.embedding.T.astype(jnp.float32))
 
 
-def relative_position_bucket(relative_position, bidirectional, num_buckets,
-                             max_distance):
+def relative_position_bucket(
+    relative_position, bidirectional, num_buckets, max_distance
+):
   """Maps key_position - query_position to T5's log-spaced buckets.
 
   Half the buckets are exact small distances; the rest grow logarithmically
@@ -147,11 +157,15 @@ class RelativePositionBias(nn.Module):
         "rel_embedding",
         _partitioned(
             nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
-            ("heads", "relpos_buckets")),
-        (self.num_heads, self.num_buckets), jnp.float32)
+            ("heads", "relpos_buckets"),
+        ),
+        (self.num_heads, self.num_buckets),
+        jnp.float32,
+    )
     relative = key_positions[None, None, :] - query_positions[:, :, None]
     buckets = relative_position_bucket(
-        relative, self.bidirectional, self.num_buckets, self.max_distance)
+        relative, self.bidirectional, self.num_buckets, self.max_distance
+    )
     # [H, buckets] -> [H, B, T, S] -> [B, H, T, S]
     bias = jnp.take(table.astype(jnp.float32), buckets, axis=1)
     return jnp.transpose(bias, (1, 0, 2, 3))
@@ -172,7 +186,8 @@ def dot_product_attention(query, key, value, bias, mask, dtype):
     [B, T, H, D] in `dtype`.
   """
   logits = jnp.einsum(
-      "bthd,bshd->bhts", query, key, preferred_element_type=jnp.float32)
+      "bthd,bshd->bhts", query, key, preferred_element_type=jnp.float32
+  )
   if bias is not None:
     logits = logits + bias
   logits = jnp.where(mask, logits, MASK_VALUE)
@@ -192,7 +207,8 @@ class MultiHeadAttention(nn.Module):
     joined = self.num_heads * self.head_dim
     # t5x folds the attention's 1/sqrt(head_dim) into the query's init.
     query_init = nn.initializers.variance_scaling(
-        1.0 / self.head_dim, "fan_in", "normal")
+        1.0 / self.head_dim, "fan_in", "normal"
+    )
     self.query = Dense(joined, ("embed", "joined_kv"), self.dtype, query_init)
     self.key = Dense(joined, ("embed", "joined_kv"), self.dtype)
     self.value = Dense(joined, ("embed", "joined_kv"), self.dtype)

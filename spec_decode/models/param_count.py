@@ -1,6 +1,6 @@
 r"""Prints the parameter count of every model config under configs/models/.
 
-  python -m spec_decode.models.param_count
+python -m spec_decode.models.param_count
 """
 
 from absl import app

@@ -71,7 +71,8 @@ class EncoderLayer(nn.Module):
     dtype = cfg.activation_dtype
     self.pre_attention_layer_norm = layers.RmsNorm(dtype)
     self.attention = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype)
+        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype
+    )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
     self.mlp = layers.Mlp(cfg.mlp_dim, cfg.mlp_activations, dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -81,7 +82,8 @@ class EncoderLayer(nn.Module):
     h = self.pre_attention_layer_norm(x)
     keys, values = self.attention.project_key_value(h)
     h = self.attention.attend(
-        self.attention.project_query(h), keys, values, bias, mask)
+        self.attention.project_query(h), keys, values, bias, mask
+    )
     x = x + self.dropout(h, deterministic=deterministic)
     h = self.mlp(self.pre_mlp_layer_norm(x))
     return x + self.dropout(h, deterministic=deterministic)
@@ -96,7 +98,8 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.relpos_bias = layers.RelativePositionBias(
-        cfg.num_heads, cfg.num_buckets, cfg.max_distance, bidirectional=True)
+        cfg.num_heads, cfg.num_buckets, cfg.max_distance, bidirectional=True
+    )
     self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
     self.encoder_norm = layers.RmsNorm(cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -106,7 +109,7 @@ class Encoder(nn.Module):
     positions = jnp.arange(tokens.shape[1])
     bias = self.relpos_bias(positions[None, :], positions)  # [1, H, S, S]
     valid = tokens > 0
-    mask = (valid[:, None, :, None] & valid[:, None, None, :])  # [B, 1, S, S]
+    mask = valid[:, None, :, None] & valid[:, None, None, :]  # [B, 1, S, S]
     x = self.dropout(self.shared_embedding(tokens), deterministic=deterministic)
     for layer in self.layers:
       x = layer(x, bias, mask, deterministic)
@@ -124,10 +127,12 @@ class DecoderLayer(nn.Module):
     dtype = cfg.activation_dtype
     self.pre_self_attention_layer_norm = layers.RmsNorm(dtype)
     self.self_attention = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype)
+        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype
+    )
     self.pre_cross_attention_layer_norm = layers.RmsNorm(dtype)
     self.encoder_decoder_attention = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype)
+        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype
+    )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
     self.mlp = layers.Mlp(cfg.mlp_dim, cfg.mlp_activations, dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -136,8 +141,17 @@ class DecoderLayer(nn.Module):
     """[B, S, E] -> cross-attention keys and values, each [B, S, H, D]."""
     return self.encoder_decoder_attention.project_key_value(encoded)
 
-  def __call__(self, x, bias, self_mask, cross, cross_mask, cached,
-               positions, deterministic):
+  def __call__(
+      self,
+      x,
+      bias,
+      self_mask,
+      cross,
+      cross_mask,
+      cached,
+      positions,
+      deterministic,
+  ):
     """One layer over T new positions.
 
     Args:
@@ -163,12 +177,16 @@ class DecoderLayer(nn.Module):
       values = cached[1].at[rows, positions].set(values, mode="drop")
       cached = (keys, values)
     h = self.self_attention.attend(
-        self.self_attention.project_query(h), keys, values, bias, self_mask)
+        self.self_attention.project_query(h), keys, values, bias, self_mask
+    )
     x = x + self.dropout(h, deterministic=deterministic)
     h = self.pre_cross_attention_layer_norm(x)
     h = self.encoder_decoder_attention.attend(
-        self.encoder_decoder_attention.project_query(h), *cross, None,
-        cross_mask)
+        self.encoder_decoder_attention.project_query(h),
+        *cross,
+        None,
+        cross_mask
+    )
     x = x + self.dropout(h, deterministic=deterministic)
     h = self.mlp(self.pre_mlp_layer_norm(x))
     return x + self.dropout(h, deterministic=deterministic), cached
@@ -183,21 +201,31 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.relpos_bias = layers.RelativePositionBias(
-        cfg.num_heads, cfg.num_buckets, cfg.max_distance, bidirectional=False)
+        cfg.num_heads, cfg.num_buckets, cfg.max_distance, bidirectional=False
+    )
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = layers.RmsNorm(cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
       # Logits in float32 for stable softmax and sampling.
       self.logits_dense = layers.Dense(
-          cfg.vocab_size, ("embed", "vocab"), jnp.float32)
+          cfg.vocab_size, ("embed", "vocab"), jnp.float32
+      )
 
   def cross_key_values(self, encoded):
     """Per layer, the cross-attention (keys, values), each [B, S, H, D]."""
     return [layer.cross_key_values(encoded) for layer in self.layers]
 
-  def __call__(self, tokens, positions, key_positions, cross, encoder_mask,
-               cached=None, deterministic=True):
+  def __call__(
+      self,
+      tokens,
+      positions,
+      key_positions,
+      cross,
+      encoder_mask,
+      cached=None,
+      deterministic=True,
+  ):
     """Runs T new decoder positions.
 
     Args:
@@ -223,9 +251,15 @@ class Decoder(nn.Module):
     new_cached = []
     for i, layer in enumerate(self.layers):
       x, layer_cached = layer(
-          x, bias, self_mask, cross[i], cross_mask,
-          None if cached is None else cached[i], write_positions,
-          deterministic)
+          x,
+          bias,
+          self_mask,
+          cross[i],
+          cross_mask,
+          None if cached is None else cached[i],
+          write_positions,
+          deterministic,
+      )
       new_cached.append(layer_cached)
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if cfg.logits_via_embedding:
@@ -243,7 +277,8 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.config
     self.token_embedder = layers.Embed(
-        cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype)
+        cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype
+    )
     self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
@@ -269,14 +304,16 @@ class Transformer(nn.Module):
     shape = (batch, max_length, cfg.num_heads, cfg.head_dim)
     zeros = tuple(
         jnp.zeros(shape, cfg.activation_dtype)
-        for _ in range(cfg.num_decoder_layers))
+        for _ in range(cfg.num_decoder_layers)
+    )
     return DecodeCache(
         keys=zeros,
         values=zeros,
         cross_keys=tuple(k for k, _ in cross),
         cross_values=tuple(v for _, v in cross),
         encoder_mask=encoder_input_tokens > 0,
-        lengths=jnp.zeros((batch,), jnp.int32))
+        lengths=jnp.zeros((batch,), jnp.int32),
+    )
 
   def decode(self, tokens, cache):
     """Appends T tokens to every row at the row's own length.
@@ -295,24 +332,34 @@ class Transformer(nn.Module):
     num_new = tokens.shape[1]
     positions = cache.lengths[:, None] + jnp.arange(num_new)[None, :]  # [B, T]
     logits, cached = self.decoder(
-        tokens, positions, jnp.arange(cache.max_length),
-        list(zip(cache.cross_keys, cache.cross_values)), cache.encoder_mask,
-        cached=list(zip(cache.keys, cache.values)))
+        tokens,
+        positions,
+        jnp.arange(cache.max_length),
+        list(zip(cache.cross_keys, cache.cross_values)),
+        cache.encoder_mask,
+        cached=list(zip(cache.keys, cache.values)),
+    )
     cache = cache.replace(
         keys=tuple(k for k, _ in cached),
         values=tuple(v for _, v in cached),
-        lengths=cache.lengths + num_new)
+        lengths=cache.lengths + num_new,
+    )
     return logits, cache
 
-  def __call__(self, encoder_input_tokens, decoder_input_tokens,
-               enable_dropout=False):
+  def __call__(
+      self, encoder_input_tokens, decoder_input_tokens, enable_dropout=False
+  ):
     """Teacher-forced logits: int32 [B, S] and [B, T] -> float32 [B, T, V]."""
     encoded = self.encode(encoder_input_tokens, enable_dropout)
     positions = jnp.arange(decoder_input_tokens.shape[1])
     logits, _ = self.decoder(
-        decoder_input_tokens, positions[None, :], positions,
-        self.decoder.cross_key_values(encoded), encoder_input_tokens > 0,
-        deterministic=not enable_dropout)
+        decoder_input_tokens,
+        positions[None, :],
+        positions,
+        self.decoder.cross_key_values(encoded),
+        encoder_input_tokens > 0,
+        deterministic=not enable_dropout,
+    )
     return logits
 
 
@@ -330,14 +377,16 @@ def init_params(config, rng):
 def param_shapes(config):
   """The parameter tree as jax.ShapeDtypeStruct leaves, computing nothing."""
   variables = jax.eval_shape(
-      functools.partial(_init_variables, config), jax.random.key(0))
+      functools.partial(_init_variables, config), jax.random.key(0)
+  )
   return nn.meta.unbox(variables["params"])
 
 
 def param_logical_axes(config):
   """The parameter tree with each leaf's logical axis names, a PartitionSpec."""
   variables = jax.eval_shape(
-      functools.partial(_init_variables, config), jax.random.key(0))
+      functools.partial(_init_variables, config), jax.random.key(0)
+  )
   return nn.get_partition_spec(variables)["params"]
 
 
@@ -365,7 +414,8 @@ class BoundDecoder:
   def __call__(self, tokens, cache):
     """(int32 [B, T], cache) -> (float32 logits [B, T, V], cache)."""
     return self.model.apply(
-        {"params": self.params}, tokens, cache, method=Transformer.decode)
+        {"params": self.params}, tokens, cache, method=Transformer.decode
+    )
 
 
 def make_decode_fn(model, params):

@@ -1,0 +1,188 @@
+r"""Decode-call costs of a target and a draft at real T5 sizes, and hence c.
+
+  python benchmarks/step_costs.py --target=t5_1_1_xxl --draft=t5_1_1_small
+
+Random weights in bfloat16, batch 1 by default (the paper's setting). It times
+the target's 1-token and (gamma+1)-token decode calls and the draft's 1-token
+call at a mid-sequence cache length, then predicts the walltime improvement
+at the paper's alphas two ways: Theorem 3.8 with c = draft step / target step
+(the paper assumes a (gamma+1)-token call costs one step), and the same with
+the measured (gamma+1)-token call in place of one step. It also runs the whole
+baseline and speculative loops with the target as its own draft (alpha = 1),
+which shows the loop's overhead at this size.
+"""
+
+import functools
+import json
+import time
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import analysis
+from spec_decode import decoding
+from spec_decode import drafts
+from spec_decode import gin_config
+from spec_decode import speculative
+from spec_decode.models import t5
+
+_TARGET = flags.DEFINE_string("target", "t5_1_1_xxl", "configs/models/ stem.")
+_DRAFT = flags.DEFINE_string("draft", "t5_1_1_small", "configs/models/ stem.")
+_GAMMA = flags.DEFINE_integer("gamma", 7, "Tokens drafted per target call.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Rows per call.")
+_INPUT_LEN = flags.DEFINE_integer("input_len", 64, "Encoder tokens per row.")
+_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Decode length.")
+_REPEATS = flags.DEFINE_integer("repeats", 30, "Timed calls; medians count.")
+_LOOP = flags.DEFINE_bool("loop", True, "Also time the full loops.")
+_OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
+
+# The paper's alphas for T5 1.1 XXL with a T5-small draft on WMT En-De
+# (Leviathan et al., 2023, Table 2), and its measured speedups on TPU-v4.
+PAPER = {"temperature 0": (0.75, 3.4), "temperature 1": (0.62, 2.6)}
+
+
+def _config(stem):
+  gin_config.parse([f"models/{stem}.gin"], ["T5Config.dtype = 'bfloat16'"])
+  return t5.T5Config()
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _random_params(config, rng):
+  """Random bfloat16 parameters, made on the device (no host copy)."""
+  shapes = t5.param_shapes(config)
+  leaves, tree = jax.tree.flatten(shapes)
+  keys = jax.random.split(rng, len(leaves))
+  return jax.tree.unflatten(
+      tree,
+      [
+          (0.05 * jax.random.normal(k, s.shape, jnp.float32)).astype(
+              jnp.bfloat16
+          )
+          for k, s in zip(keys, leaves)
+      ],
+  )
+
+
+# Encoding and cache set-up, compiled: op-by-op dispatch of an XXL encoder is
+# slow.
+_setup = jax.jit(drafts.t5_draft, static_argnums=(0, 3))
+
+
+def _median_seconds(fn, repeats):
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
+@jax.jit
+def _call(decode_fn, tokens, cache):
+  return decode_fn(tokens, cache)
+
+
+def _call_seconds(model_draft, num_tokens, position, repeats):
+  cache = model_draft.cache
+  batch = cache.lengths.shape[0]
+  cache = cache.replace(lengths=jnp.full((batch,), position, jnp.int32))
+  tokens = jnp.full((batch, num_tokens), 5, jnp.int32)
+  return _median_seconds(
+      lambda: _call(model_draft.decode_fn, tokens, cache), repeats
+  )
+
+
+def main(argv):
+  del argv
+  gamma, batch = _GAMMA.value, _BATCH.value
+  capacity = _MAX_DECODE_LEN.value + gamma + 1
+  rng = jax.random.key(0)
+  inputs = jax.random.randint(rng, (batch, _INPUT_LEN.value), 2, 32000)
+  setups = {}
+  for name, stem in (("target", _TARGET.value), ("draft", _DRAFT.value)):
+    config = _config(stem)
+    params = _random_params(config, jax.random.fold_in(rng, len(setups)))
+    setups[name] = _setup(t5.Transformer(config), params, inputs, capacity)
+    print(f"{name}: {stem}, {t5.num_params(config):,} parameters", flush=True)
+  position = _MAX_DECODE_LEN.value // 2
+  target_step = _call_seconds(setups["target"], 1, position, _REPEATS.value)
+  target_verify = _call_seconds(
+      setups["target"], gamma + 1, position, _REPEATS.value
+  )
+  draft_step = _call_seconds(setups["draft"], 1, position, _REPEATS.value)
+  c = draft_step / target_step
+  results = {
+      "device": str(jax.devices()[0].device_kind),
+      "batch": batch,
+      "gamma": gamma,
+      "target_step_ms": 1e3 * target_step,
+      "target_verify_ms": 1e3 * target_verify,
+      "draft_step_ms": 1e3 * draft_step,
+      "c": c,
+      "verify_over_step": target_verify / target_step,
+      "predictions": {},
+  }
+  for label, (alpha, paper_speedup) in PAPER.items():
+    tokens = analysis.expected_tokens_per_call(alpha, gamma)
+    results["predictions"][label] = {
+        "alpha": alpha,
+        "paper_speedup_tpu_v4": paper_speedup,
+        "theorem_3_8": analysis.walltime_improvement(alpha, gamma, c),
+        "with_measured_verify": tokens
+        * target_step
+        / (gamma * draft_step + target_verify),
+        "optimal_gamma": analysis.optimal_gamma(alpha, c),
+    }
+  if _LOOP.value:
+    target = setups["target"]
+    baseline_cache = _setup(
+        target.decode_fn.model,
+        target.decode_fn.params,
+        inputs,
+        _MAX_DECODE_LEN.value,
+    ).cache
+    # No EOS (-1): both loops emit exactly max_decode_len tokens per row.
+    baseline = _median_seconds(
+        lambda: decoding.autoregressive_decode(
+            target.decode_fn,
+            baseline_cache,
+            rng,
+            max_decode_len=_MAX_DECODE_LEN.value,
+            eos_id=-1,
+        ).sequences,
+        3,
+    )
+    spec = _median_seconds(
+        lambda: speculative.speculative_decode(
+            target.decode_fn,
+            target.decode_fn,
+            target.cache,
+            target.cache,
+            rng,
+            gamma=gamma,
+            max_decode_len=_MAX_DECODE_LEN.value,
+            eos_id=-1,
+        ).sequences,
+        3,
+    )
+    results["self_draft_loop"] = {
+        "baseline_ms_per_token": 1e3 * baseline / _MAX_DECODE_LEN.value,
+        "speculative_ms_per_token": 1e3 * spec / _MAX_DECODE_LEN.value,
+        "speedup": baseline / spec,
+        "ideal": (gamma + 1)
+        * target_step
+        / (gamma * target_step + target_verify),
+    }
+  text = json.dumps(results, indent=2)
+  print(text)
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, "w") as f:
+      f.write(text + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

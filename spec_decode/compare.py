@@ -1,0 +1,432 @@
+"""One run: the baseline and the speculative decoder on the same inputs.
+
+It answers a user's three questions: are the outputs unchanged (greedy rows
+that differ: must be 0), how often is the draft accepted (alpha, tokens per
+target call), and how much faster is it (measured speedup, next to Theorem
+3.8's prediction from the measured alpha and cost ratio c).
+
+Timing is honest: both decoders run on the same batches with the same
+max_decode_len, each compiled and warmed up first; a batch's time is the median
+of `timing_repeats` runs and covers encoding, cache set-up and the loop; ms per
+token divides by the tokens each decoder emitted.
+"""
+
+import dataclasses
+import functools
+import json
+import pathlib
+import time
+from typing import Any
+
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from spec_decode import analysis
+from spec_decode import decoding
+from spec_decode import drafts
+from spec_decode import inputs as inputs_lib
+from spec_decode import pair
+from spec_decode import sampling
+from spec_decode import speculative
+
+DRAFT_KINDS = ("t5", "target", "unigram", "bigram")
+# Repeats of a single decode call when measuring c; its median is reported.
+_STEP_REPEATS = 20
+
+
+def _encode_and_cache(model, params, inputs, max_length):
+  return drafts.t5_draft(model, params, inputs, max_length)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("model", "max_decode_len", "config")
+)
+def _baseline(model, params, inputs, rng, *, max_decode_len, config):
+  target = _encode_and_cache(model, params, inputs, max_decode_len)
+  return decoding.autoregressive_decode(
+      target.decode_fn,
+      target.cache,
+      rng,
+      max_decode_len=max_decode_len,
+      eos_id=inputs_lib.EOS_ID,
+      config=config,
+  )
+
+
+def _draft(target, draft_model, draft_params, inputs, capacity):
+  """The draft for a batch: a T5, the target itself, or an n-gram model."""
+  if draft_model is not None:
+    return _encode_and_cache(draft_model, draft_params, inputs, capacity)
+  if draft_params is None:
+    return drafts.target_as_draft(target.decode_fn, target.cache)
+  return drafts.ngram_draft(draft_params, inputs.shape[0])
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "target_model",
+        "draft_model",
+        "gamma",
+        "max_decode_len",
+        "config",
+    ),
+)
+def _speculative(
+    target_model,
+    target_params,
+    draft_model,
+    draft_params,
+    inputs,
+    rng,
+    *,
+    gamma,
+    max_decode_len,
+    config,
+):
+  capacity = max_decode_len + gamma + 1
+  target = _encode_and_cache(target_model, target_params, inputs, capacity)
+  draft = _draft(target, draft_model, draft_params, inputs, capacity)
+  return speculative.speculative_decode(
+      target.decode_fn,
+      draft.decode_fn,
+      target.cache,
+      draft.cache,
+      rng,
+      gamma=gamma,
+      max_decode_len=max_decode_len,
+      eos_id=inputs_lib.EOS_ID,
+      config=config,
+  )
+
+
+def _timed(fn, repeats, warm_up=True):
+  """Runs fn `repeats` times: (its result, the median seconds).
+
+  Args:
+    fn: a function of no arguments returning arrays.
+    repeats: timed runs.
+    warm_up: first run it once untimed (compilation).
+
+  Returns:
+    The last result and the median time in seconds.
+  """
+  if warm_up:
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    result = jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return result, float(np.median(times))
+
+
+@jax.jit
+def _call(decode_fn, tokens, cache):
+  return decode_fn(tokens, cache)
+
+
+def _step_seconds(decode_fn, cache, num_tokens, position):
+  """Median time of one decode call of `num_tokens` tokens per row."""
+  batch = cache.lengths.shape[0]
+  tokens = jnp.full((batch, num_tokens), 2, jnp.int32)
+  cache = cache.replace(lengths=jnp.full((batch,), position, jnp.int32))
+  return _timed(lambda: _call(decode_fn, tokens, cache), _STEP_REPEATS)[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+  """Measured times of single decode calls, in seconds.
+
+  Attributes:
+    target_step: the target on 1 token per row.
+    target_verify: the target on gamma + 1 tokens per row.
+    draft_step: the draft on 1 token per row.
+  """
+
+  target_step: float
+  target_verify: float
+  draft_step: float
+
+  @property
+  def c(self):
+    """The paper's cost ratio: a draft step over a target step."""
+    return self.draft_step / self.target_step
+
+
+def measure_step_costs(
+    target, draft_model, draft_params, inputs, gamma, max_decode_len
+):
+  """Times the target's 1- and (gamma+1)-token calls and a draft step."""
+  capacity = max_decode_len + gamma + 1
+  position = max_decode_len // 2  # A typical cache length during decoding.
+  target_draft = _encode_and_cache(
+      target.model, target.params, inputs, capacity
+  )
+  draft = _draft(target_draft, draft_model, draft_params, inputs, capacity)
+  return StepCosts(
+      target_step=_step_seconds(
+          target_draft.decode_fn, target_draft.cache, 1, position
+      ),
+      target_verify=_step_seconds(
+          target_draft.decode_fn, target_draft.cache, gamma + 1, position
+      ),
+      draft_step=_step_seconds(draft.decode_fn, draft.cache, 1, position),
+  )
+
+
+def _ngram_params(kind, corpus_path, vocabulary, vocab_size):
+  if corpus_path is None:
+    raise ValueError(f"a {kind} draft needs run.ngram_corpus, a text file")
+  lines = pathlib.Path(corpus_path).read_text().splitlines()
+  sequences = [
+      list(vocabulary.encode(line)) + [inputs_lib.EOS_ID]
+      for line in lines
+      if line.strip()
+  ]
+  count = drafts.count_unigrams if kind == "unigram" else drafts.count_bigrams
+  return count(sequences, vocab_size)
+
+
+def _text(vocabulary, ids):
+  ids = [int(i) for i in ids]
+  if inputs_lib.EOS_ID in ids:
+    ids = ids[: ids.index(inputs_lib.EOS_ID)]
+  return vocabulary.decode(ids)
+
+
+def _check_args(
+    gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
+):
+  if not isinstance(gamma, int) or gamma < 1:
+    raise ValueError(f"run.gamma must be an int >= 1, got {gamma!r}")
+  if draft not in DRAFT_KINDS:
+    raise ValueError(f"run.draft must be one of {DRAFT_KINDS}, got {draft!r}")
+  for name, value in (
+      ("batch_size", batch_size),
+      ("max_input_len", max_input_len),
+      ("max_decode_len", max_decode_len),
+      ("timing_repeats", timing_repeats),
+  ):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
+
+
+@gin.configurable
+def run(
+    output_dir=gin.REQUIRED,
+    vocabulary=gin.REQUIRED,
+    gamma=gin.REQUIRED,
+    draft="t5",
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    batch_size=8,
+    max_input_len=64,
+    max_decode_len=64,
+    truncate_inputs=False,
+    seed=0,
+    timing_repeats=3,
+    ngram_corpus=None,
+    progress=True,
+) -> dict[str, Any]:
+  """Runs both decoders on the configured inputs and reports.
+
+  Args:
+    output_dir: where outputs.jsonl, results.json and config.gin go.
+    vocabulary: a seqio.Vocabulary shared by target and draft.
+    gamma: tokens drafted per target call.
+    draft: 't5' (the model under the draft/ scope), 'target' (the target as
+      its own draft), 'unigram' or 'bigram' (counted over `ngram_corpus`).
+    temperature: 0 is greedy.
+    top_k: 0 keeps all tokens.
+    top_p: 1 keeps all tokens.
+    batch_size: rows per decoder call.
+    max_input_len: the encoder's length; longer inputs are an error unless
+      `truncate_inputs`.
+    max_decode_len: most tokens emitted per row.
+    truncate_inputs: cut inputs longer than max_input_len (and count them).
+    seed: the sampling seed; batch i uses fold_in(seed, i) in both decoders.
+    timing_repeats: timed runs per batch (after one warm-up); the median
+      counts.
+    ngram_corpus: a text file to count an n-gram draft over.
+    progress: show a progress bar.
+
+  Returns:
+    The results dict, also written to output_dir/results.json.
+
+  Raises:
+    ValueError: on bad configuration or input, with a one-line message.
+  """
+  config = sampling.SamplingConfig(temperature, top_k, top_p)
+  _check_args(
+      gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
+  )
+  texts = inputs_lib.read_inputs()
+  encoded = inputs_lib.encode(texts, vocabulary, max_input_len, truncate_inputs)
+  target_config = pair.model_config("target")
+  _check_vocabulary(vocabulary, target_config)
+  draft_model = draft_params = None
+  if draft == "t5":
+    pair.check_same_vocab(target_config, pair.model_config("draft"))
+  target = pair.load_model("target")
+  if draft == "t5":
+    loaded = pair.load_model("draft")
+    draft_model, draft_params = loaded.model, loaded.params
+  elif draft in ("unigram", "bigram"):
+    draft_params = _ngram_params(
+        draft, ngram_corpus, vocabulary, target_config.vocab_size
+    )
+
+  baseline_time = speculative_time = 0.0
+  rows = []
+  totals = dict(
+      baseline_tokens=0,
+      speculative_tokens=0,
+      target_calls=0,
+      drafted=0,
+      accepted=0,
+      beta=0.0,
+      mismatches=0,
+  )
+  batches = list(inputs_lib.batches(encoded.tokens, batch_size))
+  for index, (batch, num_real) in enumerate(
+      tqdm.tqdm(batches, desc="decoding", unit="batch", disable=not progress)
+  ):
+    rng = jax.random.fold_in(jax.random.key(seed), index)
+    base, seconds = _timed(
+        lambda: _baseline(
+            target.model,
+            target.params,
+            batch,
+            rng,
+            max_decode_len=max_decode_len,
+            config=config,
+        ),
+        timing_repeats,
+        warm_up=index == 0,
+    )
+    baseline_time += seconds
+    spec, seconds = _timed(
+        lambda: _speculative(
+            target.model,
+            target.params,
+            draft_model,
+            draft_params,
+            batch,
+            rng,
+            gamma=gamma,
+            max_decode_len=max_decode_len,
+            config=config,
+        ),
+        timing_repeats,
+        warm_up=index == 0,
+    )
+    speculative_time += seconds
+    base, spec = jax.device_get((base, spec))
+    real = slice(0, num_real)
+    totals["baseline_tokens"] += int(base.lengths[real].sum())
+    totals["speculative_tokens"] += int(spec.lengths[real].sum())
+    totals["target_calls"] += int(spec.target_calls[real].sum())
+    totals["drafted"] += int(spec.drafted_tokens[real].sum())
+    totals["accepted"] += int(spec.accepted_tokens[real].sum())
+    totals["beta"] += float(spec.beta_sum[real].sum())
+    for row in range(num_real):
+      same = np.array_equal(base.sequences[row], spec.sequences[row])
+      totals["mismatches"] += int(not same)
+      rows.append(
+          {
+              "input": texts[index * batch_size + row],
+              "baseline": _text(vocabulary, base.sequences[row]),
+              "speculative": _text(vocabulary, spec.sequences[row]),
+              "identical": bool(same),
+          }
+      )
+
+  costs = measure_step_costs(
+      target,
+      draft_model,
+      draft_params,
+      jnp.asarray(batches[0][0]),
+      gamma,
+      max_decode_len,
+  )
+  results = _results(
+      totals,
+      baseline_time,
+      speculative_time,
+      costs,
+      gamma,
+      config,
+      len(texts),
+      encoded.num_truncated,
+  )
+  _write(output_dir, rows, results)
+  return results
+
+
+def _check_vocabulary(vocabulary, target_config):
+  if vocabulary.vocab_size > target_config.vocab_size:
+    raise ValueError(
+        f"the vocabulary has {vocabulary.vocab_size} ids, more than the "
+        f"target's vocab_size {target_config.vocab_size}"
+    )
+
+
+def _results(
+    totals,
+    baseline_time,
+    speculative_time,
+    costs,
+    gamma,
+    config,
+    num_examples,
+    num_truncated,
+):
+  """The report: what the paper measures, from a run's totals."""
+  drafted = max(totals["drafted"], 1)
+  alpha = totals["accepted"] / drafted
+  baseline_ms = 1e3 * baseline_time / totals["baseline_tokens"]
+  speculative_ms = 1e3 * speculative_time / totals["speculative_tokens"]
+  return {
+      "num_examples": num_examples,
+      "num_truncated": num_truncated,
+      "gamma": gamma,
+      "temperature": config.temperature,
+      "top_k": config.top_k,
+      "top_p": config.top_p,
+      "alpha": alpha,
+      "alpha_estimate": totals["beta"] / drafted,
+      "tokens_per_target_call": (
+          totals["speculative_tokens"] / totals["target_calls"]
+      ),
+      "expected_tokens_per_target_call": analysis.expected_tokens_per_call(
+          alpha, gamma
+      ),
+      "baseline_ms_per_token": baseline_ms,
+      "speculative_ms_per_token": speculative_ms,
+      "speedup": baseline_ms / speculative_ms,
+      "c": costs.c,
+      "target_step_ms": 1e3 * costs.target_step,
+      "target_verify_ms": 1e3 * costs.target_verify,
+      "draft_step_ms": 1e3 * costs.draft_step,
+      "predicted_speedup": analysis.walltime_improvement(alpha, gamma, costs.c),
+      "optimal_gamma": analysis.optimal_gamma(alpha, costs.c),
+      "mismatches": totals["mismatches"] if config.greedy else None,
+      "baseline_tokens": totals["baseline_tokens"],
+      "speculative_tokens": totals["speculative_tokens"],
+      "target_calls": totals["target_calls"],
+  }
+
+
+def _write(output_dir, rows, results):
+  directory = pathlib.Path(output_dir)
+  directory.mkdir(parents=True, exist_ok=True)
+  with open(directory / "outputs.jsonl", "w") as f:
+    for row in rows:
+      f.write(json.dumps(row, ensure_ascii=False) + "\n")
+  (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+  (directory / "config.gin").write_text(gin.operative_config_str())

@@ -1,0 +1,155 @@
+"""A run's inputs: text from a file, a seqio task or one prompt, as int32 batches.
+
+Exactly one source is configured:
+
+  read_inputs.path = 'inputs.txt'        # one input per line
+  read_inputs.task = 'multi30k_ende'     # a registered seqio task's inputs
+  read_inputs.prompt = 'translate English to German: A dog runs.'
+
+Inputs are tokenized with the run's vocabulary, end with EOS as in T5, and are
+padded with 0 to `max_input_len`. An input that does not fit is an error, or is
+cut (and counted) when `truncate` is set.
+"""
+
+import dataclasses
+import pathlib
+
+import gin
+import numpy as np
+
+# T5's end of sequence.
+EOS_ID = 1
+
+
+@gin.configurable
+def read_inputs(
+    path=None,
+    task=None,
+    prompt=None,
+    prefix="",
+    split="test",
+    num_examples=None,
+):
+  """Reads the run's input texts.
+
+  Args:
+    path: a text file with one input per line.
+    task: the name of a registered seqio task; its pretokenized 'inputs'.
+    prompt: a single input.
+    prefix: prepended to each input from `path` or `prompt`, e.g.
+      'translate English to German: '.
+    split: the task's split.
+    num_examples: keep the first this many inputs (None: all).
+
+  Returns:
+    A list of strings.
+
+  Raises:
+    ValueError: if not exactly one source is set, or there are no inputs.
+  """
+  sources = {"path": path, "task": task, "prompt": prompt}
+  chosen = [name for name, value in sources.items() if value is not None]
+  if len(chosen) != 1:
+    raise ValueError(
+        "read_inputs: set exactly one of read_inputs.path, read_inputs.task "
+        f"and read_inputs.prompt (got {chosen or 'none'})"
+    )
+  if path is not None:
+    file = pathlib.Path(path)
+    if not file.is_file():
+      raise ValueError(f"read_inputs.path: no such file: {path}")
+    texts = [
+        prefix + line for line in file.read_text().splitlines() if line.strip()
+    ]
+    where = f"input file {path}"
+  elif prompt is not None:
+    texts = [prefix + prompt] if prompt.strip() else []
+    where = "read_inputs.prompt"
+  else:
+    texts = _task_inputs(task, split, num_examples)
+    where = f"seqio task {task} ({split})"
+  texts = texts[:num_examples]
+  if not texts:
+    raise ValueError(f"no inputs: {where} is empty")
+  return texts
+
+
+def _task_inputs(task_name, split, num_examples):
+  import seqio  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
+
+  task = seqio.get_mixture_or_task(task_name)
+  dataset = task.get_dataset(
+      sequence_length=None, split=split, shuffle=False, num_epochs=1
+  )
+  if num_examples is not None:
+    dataset = dataset.take(num_examples)
+  return [
+      ex["inputs_pretokenized"].decode() for ex in dataset.as_numpy_iterator()
+  ]
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedInputs:
+  """Tokenized inputs.
+
+  Attributes:
+    tokens: int32 [N, max_input_len], ending in EOS, 0-padded.
+    num_truncated: how many inputs were cut to fit.
+  """
+
+  tokens: np.ndarray
+  num_truncated: int
+
+
+def encode(texts, vocabulary, max_input_len, truncate=False):
+  """Tokenizes texts into one padded int32 array.
+
+  Args:
+    texts: N strings.
+    vocabulary: a seqio.Vocabulary.
+    max_input_len: the encoder's length, EOS included.
+    truncate: cut inputs that do not fit (else they are an error).
+
+  Returns:
+    EncodedInputs.
+
+  Raises:
+    ValueError: if an input is too long and `truncate` is off.
+  """
+  tokens = np.zeros((len(texts), max_input_len), np.int32)
+  num_truncated = 0
+  for i, text in enumerate(texts):
+    ids = list(vocabulary.encode(text)) + [EOS_ID]
+    if len(ids) > max_input_len:
+      if not truncate:
+        raise ValueError(
+            f"input {i + 1} has {len(ids)} tokens (EOS included), more than "
+            f"max_input_len={max_input_len}; raise it or set "
+            "run.truncate_inputs = True"
+        )
+      ids = ids[: max_input_len - 1] + [EOS_ID]
+      num_truncated += 1
+    tokens[i, : len(ids)] = ids
+  return EncodedInputs(tokens, num_truncated)
+
+
+def batches(tokens, batch_size):
+  """Splits [N, S] tokens into [batch_size, S] batches, padding the last.
+
+  The last batch is filled with copies of its first row so that every batch
+  has one shape (one compilation).
+
+  Args:
+    tokens: int32 [N, S].
+    batch_size: rows per batch.
+
+  Yields:
+    (batch int32 [batch_size, S], number of real rows in it).
+  """
+  for start in range(0, len(tokens), batch_size):
+    batch = tokens[start : start + batch_size]
+    num_real = len(batch)
+    if num_real < batch_size:
+      filler = np.repeat(batch[:1], batch_size - num_real, axis=0)
+      batch = np.concatenate([batch, filler])
+    yield batch, num_real

@@ -1,0 +1,80 @@
+"""A run's models: each config under its gin scope, its weights from a checkpoint.
+
+include 'target:models/t5_1_1_xxl.gin'
+target/checkpoint_path.path = 'gs://.../t5_1_1_xxl/checkpoint_1000000'
+"""
+
+import dataclasses
+from typing import Any
+
+import gin
+import jax
+
+from spec_decode import checkpoints
+from spec_decode.models import t5
+
+
+@gin.configurable
+def checkpoint_path(path=gin.REQUIRED):
+  """The checkpoint of the model in scope (bind it as target/ or draft/)."""
+  return path
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+  """A T5 and its parameters.
+
+  Attributes:
+    name: the gin scope it was configured under ('target' or 'draft').
+    config: its T5Config.
+    model: the Transformer module.
+    params: its parameter tree, on the default device.
+  """
+
+  name: str
+  config: t5.T5Config
+  model: t5.Transformer
+  params: Any
+
+
+def model_config(scope):
+  """The T5Config bound under `scope`."""
+  with gin.config_scope(scope):
+    return t5.T5Config()
+
+
+def load_model(scope):
+  """Builds the model configured under `scope` and loads its checkpoint.
+
+  Args:
+    scope: 'target' or 'draft'.
+
+  Returns:
+    A LoadedModel.
+
+  Raises:
+    ValueError: the checkpoint is missing or does not fit the config (the
+      message names the model).
+  """
+  config = model_config(scope)
+  with gin.config_scope(scope):
+    path = checkpoint_path()
+  try:
+    params = checkpoints.load_params(
+        path, t5.param_shapes(config), dtype=config.activation_dtype
+    )
+  except checkpoints.CheckpointError as e:
+    raise ValueError(f"{scope} checkpoint: {e}") from e
+  return LoadedModel(
+      scope, config, t5.Transformer(config), jax.device_put(params)
+  )
+
+
+def check_same_vocab(target_config, draft_config):
+  """Raises ValueError unless the two models share a vocabulary size."""
+  if target_config.vocab_size != draft_config.vocab_size:
+    raise ValueError(
+        f"the draft's vocab_size ({draft_config.vocab_size}) differs from the "
+        f"target's ({target_config.vocab_size}): speculative decoding needs "
+        "one vocabulary"
+    )

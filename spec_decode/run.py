@@ -1,0 +1,51 @@
+r"""Runs the baseline and the speculative decoder and reports what the paper
+measures (alpha, tokens per target call, speedup, c, Theorem 3.8).
+
+  python -m spec_decode.run --gin_file=configs/demo.gin
+  python -m spec_decode.run --gin_file=configs/t5_1_1_xxl_small_ende.gin \
+      --gin_bindings="run.output_dir='/tmp/ende'"
+
+The logic lives in spec_decode.compare; this app parses flags and gin, and
+turns bad input into a one-line error.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from spec_decode import checkpoints
+from spec_decode import compare
+from spec_decode import gin_config
+from spec_decode import report
+
+_GIN_FILES = flags.DEFINE_multi_string(
+    "gin_file", [], "Gin files, searched for under configs/ too."
+)
+_GIN_BINDINGS = flags.DEFINE_multi_string(
+    "gin_bindings", [], "Gin bindings, applied after the files."
+)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # Keep the report readable: JAX logs backend probing at INFO.
+  logging.set_verbosity(logging.WARNING)
+  # Registers seqio's vocabularies with gin. Imported here, after absl has
+  # started, because TensorFlow's CUDA probe logs an error when imported
+  # before it.
+  from spec_decode import vocabulary  # pylint: disable=g-import-not-at-top,unused-import
+
+  try:
+    gin_config.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
+    results = compare.run()
+  except (ValueError, RuntimeError, OSError, checkpoints.CheckpointError) as e:
+    print(f"error: {report.one_line(e)}", file=sys.stderr)
+    sys.exit(1)
+  print(report.format_results(results))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,234 @@
+"""spec_decode.run end to end on a tiny pair, and its one-line errors."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import serialization
+import gin
+import jax
+import sentencepiece as spm
+
+from spec_decode import compare
+from spec_decode import gin_config
+from spec_decode import vocabulary  # pylint: disable=unused-import  (gin)
+from spec_decode.models import t5
+
+_WORDS = (
+    "a dog runs in the park . two men play football on green grass . "
+    "ein hund läuft im park . zwei männer spielen fußball auf grünem "
+    "gras . the woman reads a book near the water ."
+).split()
+_GAMMA = 3
+
+
+def _tiny_model_gin(vocab_size, emb_dim, layers):
+  return (
+      f"T5Config.vocab_size = {vocab_size}\nT5Config.emb_dim = {emb_dim}\n"
+      "T5Config.num_heads = 2\nT5Config.head_dim = 8\n"
+      f"T5Config.mlp_dim = {2 * emb_dim}\n"
+      f"T5Config.num_encoder_layers = {layers}\n"
+      f"T5Config.num_decoder_layers = {layers}\n"
+  )
+
+
+def _save_t5x_checkpoint(params, directory):
+  os.makedirs(directory)
+  with open(os.path.join(directory, "checkpoint"), "wb") as f:
+    f.write(serialization.msgpack_serialize({"target": params, "state": {}}))
+
+
+class RunTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = pathlib.Path(tempfile.mkdtemp())
+    rng = jax.random.key(0)
+    sentences = [
+        " ".join(_WORDS[(7 * i) % 30 : (7 * i) % 30 + 6]) for i in range(200)
+    ]
+    (cls.tmp / "corpus.txt").write_text("\n".join(sentences))
+    spm.SentencePieceTrainer.train(
+        input=str(cls.tmp / "corpus.txt"),
+        model_prefix=str(cls.tmp / "spm"),
+        vocab_size=50,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        minloglevel=2,
+    )
+    vocab_size = 128  # 50 pieces and 10 extra ids, padded.
+    for name, emb_dim, layers, seed in (
+        ("target", 32, 2, 0),
+        ("draft", 16, 1, 1),
+    ):
+      (cls.tmp / f"{name}.gin").write_text(
+          _tiny_model_gin(vocab_size, emb_dim, layers)
+      )
+      config = t5.T5Config(
+          vocab_size=vocab_size,
+          emb_dim=emb_dim,
+          num_heads=2,
+          head_dim=8,
+          mlp_dim=2 * emb_dim,
+          num_encoder_layers=layers,
+          num_decoder_layers=layers,
+      )
+      params = t5.init_params(config, jax.random.fold_in(rng, seed))
+      _save_t5x_checkpoint(params, cls.tmp / f"{name}_ckpt")
+    (cls.tmp / "inputs.txt").write_text("\n".join(sentences[:5]))
+    cls.run_gin = cls.tmp / "run.gin"
+    cls.run_gin.write_text(f"""
+include 'target:{cls.tmp}/target.gin'
+include 'draft:{cls.tmp}/draft.gin'
+target/checkpoint_path.path = '{cls.tmp}/target_ckpt'
+draft/checkpoint_path.path = '{cls.tmp}/draft_ckpt'
+run.vocabulary = @seqio.SentencePieceVocabulary()
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '{cls.tmp}/spm.model'
+seqio.SentencePieceVocabulary.extra_ids = 10
+run.gamma = {_GAMMA}
+run.batch_size = 2
+run.max_input_len = 32
+run.max_decode_len = 12
+run.timing_repeats = 1
+run.progress = False
+read_inputs.path = '{cls.tmp}/inputs.txt'
+""")
+
+  def tearDown(self):
+    gin.clear_config()
+    super().tearDown()
+
+  def _cli(self, *bindings, gin_file=None):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spec_decode.run",
+            f"--gin_file={gin_file or self.run_gin}",
+        ]
+        + [f"--gin_bindings={b}" for b in bindings],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+  def _run(self, *bindings):
+    gin_config.parse([self.run_gin], bindings)
+    return compare.run()
+
+  def test_cli_greedy_report(self):
+    out = self.tmp / "greedy"
+    done = self._cli(f"run.output_dir = '{out}'")
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertIn("speedup (Theorem 3.8)", done.stdout)
+    results = json.loads((out / "results.json").read_text())
+    self.assertEqual(results["mismatches"], 0)
+    self.assertEqual(results["num_examples"], 5)
+    self.assertBetween(results["alpha"], 0.0, 1.0)
+    self.assertBetween(results["tokens_per_target_call"], 1.0, _GAMMA + 1)
+    self.assertEqual(results["baseline_tokens"], results["speculative_tokens"])
+    self.assertGreater(results["c"], 0.0)
+    for key in (
+        "alpha",
+        "tokens_per_target_call",
+        "speedup",
+        "predicted_speedup",
+        "c",
+        "gamma",
+        "optimal_gamma",
+        "temperature",
+        "num_examples",
+        "mismatches",
+    ):
+      self.assertIn(key, results)
+    rows = [
+        json.loads(line)
+        for line in (out / "outputs.jsonl").read_text().splitlines()
+    ]
+    self.assertLen(rows, 5)
+    self.assertTrue(all(row["identical"] for row in rows))
+    self.assertIn(
+        "target/T5Config.emb_dim = 32", (out / "config.gin").read_text()
+    )
+
+  def test_target_as_draft_accepts_everything(self):
+    results = self._run(
+        f"run.output_dir = '{self.tmp / 'self'}'", "run.draft = 'target'"
+    )
+    self.assertEqual(results["alpha"], 1.0)
+    self.assertEqual(results["mismatches"], 0)
+
+  def test_sampling_run(self):
+    results = self._run(
+        f"run.output_dir = '{self.tmp / 'sampled'}'",
+        "run.temperature = 1.0",
+        "run.draft = 'bigram'",
+        f"run.ngram_corpus = '{self.tmp / 'corpus.txt'}'",
+    )
+    self.assertIsNone(results["mismatches"])
+    self.assertBetween(results["alpha"], 0.0, 1.0)
+    self.assertBetween(results["tokens_per_target_call"], 1.0, _GAMMA + 1)
+
+  def test_unknown_binding_is_one_line(self):
+    done = self._cli("run.output_dir = '/tmp/x'", "run.gama = 3")
+    self.assertEqual(done.returncode, 1)
+    self.assertEqual(done.stdout, "")
+    lines = done.stderr.strip().splitlines()
+    self.assertLen(lines, 1, done.stderr)
+    self.assertIn("gama", lines[0])
+
+  def test_missing_checkpoint_is_one_line(self):
+    done = self._cli(
+        "run.output_dir = '/tmp/x'",
+        "target/checkpoint_path.path = '/nonexistent/ckpt'",
+    )
+    self.assertEqual(done.returncode, 1)
+    lines = done.stderr.strip().splitlines()
+    self.assertLen(lines, 1, done.stderr)
+    self.assertRegex(lines[0], r"^error: target checkpoint: .*/nonexistent")
+
+  @parameterized.named_parameters(
+      ("gamma", "run.gamma = 0", "gamma must be an int >= 1"),
+      ("temperature", "run.temperature = -0.5", "temperature must be >= 0"),
+      ("top_p_zero", "run.top_p = 0.0", r"top_p must be in \(0, 1\]"),
+      ("top_p_big", "run.top_p = 1.5", r"top_p must be in \(0, 1\]"),
+      (
+          "vocab",
+          "draft/T5Config.vocab_size = 256",
+          r"draft's vocab_size \(256\) differs from the target's \(128\)",
+      ),
+      (
+          "too_long",
+          "run.max_input_len = 4",
+          "input 1 has .* tokens .* more than max_input_len=4",
+      ),
+  )
+  def test_bad_input(self, binding, message):
+    with self.assertRaisesRegex(ValueError, message):
+      self._run("run.output_dir = '/tmp/x'", binding)
+
+  def test_empty_input_file(self):
+    empty = self.tmp / "empty.txt"
+    empty.write_text("\n\n")
+    with self.assertRaisesRegex(ValueError, "no inputs: input file .* empty"):
+      self._run("run.output_dir = '/tmp/x'", f"read_inputs.path = '{empty}'")
+
+  def test_truncation_is_counted(self):
+    results = self._run(
+        f"run.output_dir = '{self.tmp / 'cut'}'",
+        "run.max_input_len = 4",
+        "run.truncate_inputs = True",
+    )
+    self.assertEqual(results["num_truncated"], 5)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,5 +1,7 @@
 """spec_decode: lossless speculative decoding for T5 in JAX/Flax."""
 
+import pathlib
+
 import setuptools
 
 # Versions known to install and work together on Python 3.11 (CPU, GPU, TPU).
@@ -13,8 +15,11 @@ INSTALL_REQUIRES = [
     "numpy==2.4.6",
     "optax==0.2.8",
     "orbax-checkpoint==0.12.8",
+    "sacrebleu==2.6.0",
     "safetensors==0.8.0",
     "sentencepiece==0.2.3",
+    # seqio brings TensorFlow (about 2.4 GB) for its tasks and vocabularies.
+    "seqio==0.0.20",
     "tensorstore==0.1.86",
     "tqdm==4.70.1",
 ]
@@ -29,11 +34,24 @@ TEST_REQUIRES = [
     "transformers==5.24.0",
 ]
 
+
+def _demo_files():
+  """The demo's vocabulary, test inputs and trained pair, as package data."""
+  package = pathlib.Path(__file__).resolve().parent / "spec_decode"
+  return [
+      str(path.relative_to(package))
+      for path in (package / "demo").rglob("*")
+      if path.is_file()
+  ]
+
+
 setuptools.setup(
     name="spec_decode",
     version="0.1.0",
     description="Speculative decoding for encoder-decoder Transformers in JAX",
     packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
+    # The demo's vocabulary, test inputs and trained pair.
+    package_data={"spec_decode": _demo_files()},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

@@ -1,0 +1,338 @@
+"""Teacher-forced training of T5 on a seqio task: loss, steps, loop.
+
+The loss is token-level cross-entropy over the non-padding targets, plus
+t5x's auxiliary z-loss (z_loss * log(Z)^2, which keeps the softmax
+normalizer near 1). Optimizers and schedules are in `optimizers.py`;
+checkpoints of params, optimizer state and step in `train_checkpoints.py`.
+
+`train` is the whole loop: batches of a seqio task (`data.batches`), a
+jitted train step with dropout keys from `fold_in(seed, step)`, a tqdm bar
+with the running loss, eval loss on a held-out split every `eval_every`
+steps, Orbax checkpoints every `checkpoint_every` steps and resume from the
+latest, metrics as JSON lines and the operative gin config in `model_dir`.
+
+Usage (a notebook):
+  gin_config.parse(["train/multi30k_target.gin"])
+  state = training.train(T5Config())
+"""
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+from flax import struct
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+
+from spec_decode import data
+
+# Registers the optimizers and schedules that train.optimizer names in gin.
+from spec_decode import optimizers  # pylint: disable=unused-import
+from spec_decode import train_checkpoints
+from spec_decode.models import t5
+
+# t5x's default z-loss weight.
+Z_LOSS = 1e-4
+# The model's batch features, all int32 [B, S] or [B, T].
+_FEATURES = (
+    "encoder_input_tokens",
+    "decoder_input_tokens",
+    "decoder_target_tokens",
+    "decoder_loss_weights",
+)
+
+
+@struct.dataclass
+class TrainState:
+  """What a checkpoint holds.
+
+  Attributes:
+    step: int32 [], optimizer updates applied so far.
+    params: the model's parameter tree (float32).
+    opt_state: the optax state of `params`.
+  """
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def init_state(config, optimizer, rng):
+  """Random params (`t5.init_params`), a fresh optimizer state, step 0."""
+  params = t5.init_params(config, rng)
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=optimizer.init(params),
+  )
+
+
+def cross_entropy(logits, targets, weights, z_loss=0.0):
+  """Summed token cross-entropy, with t5x's z-loss.
+
+  Args:
+    logits: float32 [B, T, V].
+    targets: int32 [B, T], the token each position predicts.
+    weights: [B, T], 1 at real targets and 0 at padding.
+    z_loss: the weight of log(Z)^2, Z the softmax's normalizer.
+
+  Returns:
+    (loss, z_term, correct): float32 [] sums over the weighted positions of
+    the cross-entropy plus z-loss, of the z-loss alone, and of argmax hits.
+  """
+  weights = weights.astype(jnp.float32)
+  log_z = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[
+      ..., 0
+  ]  # [B, T]
+  z_term = z_loss * jnp.square(log_z)
+  loss = jnp.sum((log_z - target_logits + z_term) * weights)
+  correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) * weights)
+  return loss, jnp.sum(z_term * weights), correct
+
+
+def _logits(model, params, batch, dropout_rng=None):
+  rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+  return model.apply(
+      {"params": params},
+      batch["encoder_input_tokens"],
+      batch["decoder_input_tokens"],
+      enable_dropout=dropout_rng is not None,
+      rngs=rngs,
+  )
+
+
+def train_step(state, batch, *, model, optimizer, dropout_seed, z_loss):
+  """One optimizer update on a batch.
+
+  Args:
+    state: a TrainState.
+    batch: the `data.batches` features, int32 [B, S] and [B, T].
+    model: a t5.Transformer.
+    optimizer: an optax.GradientTransformation.
+    dropout_seed: int; the step's dropout key is fold_in(key(seed), step).
+    z_loss: see `cross_entropy`.
+
+  Returns:
+    The updated TrainState, and float32 [] metrics: 'loss' (mean per target
+    token, z-loss included), 'z_loss', 'accuracy' (of the argmax) and
+    'grad_norm' (before clipping).
+  """
+  dropout_rng = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
+  weights = batch["decoder_loss_weights"]
+  num_tokens = jnp.maximum(jnp.sum(weights), 1).astype(jnp.float32)
+
+  def loss_fn(params):
+    logits = _logits(model, params, batch, dropout_rng)
+    loss, z_term, correct = cross_entropy(
+        logits, batch["decoder_target_tokens"], weights, z_loss
+    )
+    return loss / num_tokens, (z_term, correct)
+
+  (loss, (z_term, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+      state.params
+  )
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  state = state.replace(
+      step=state.step + 1,
+      params=optax.apply_updates(state.params, updates),
+      opt_state=opt_state,
+  )
+  metrics = {
+      "loss": loss,
+      "z_loss": z_term / num_tokens,
+      "accuracy": correct / num_tokens,
+      "grad_norm": optax.tree.norm(grads),
+  }
+  return state, metrics
+
+
+def eval_step(params, batch, *, model):
+  """Sums over a batch without dropout: float32 [] loss, tokens, correct."""
+  weights = batch["decoder_loss_weights"]
+  loss, _, correct = cross_entropy(
+      _logits(model, params, batch), batch["decoder_target_tokens"], weights
+  )
+  return {
+      "loss": loss,
+      "tokens": jnp.sum(weights).astype(jnp.float32),
+      "correct": correct,
+  }
+
+
+def _pad_batch(batch, batch_size):
+  """Pads a last, short batch with all-padding rows, so one shape compiles."""
+  rows = batch_size - len(batch["encoder_input_tokens"])
+  return {k: np.pad(batch[k], ((0, rows), (0, 0))) for k in _FEATURES}
+
+
+def evaluate(eval_fn, params, batches, batch_size):
+  """Mean per-token loss and accuracy over every batch (no z-loss).
+
+  Args:
+    eval_fn: the jitted `eval_step`, (params, batch) -> sums.
+    params: the model's parameters.
+    batches: an iterable of `data.batches` dicts of at most `batch_size` rows.
+    batch_size: B; shorter batches are padded to it.
+
+  Returns:
+    {'loss': float, 'accuracy': float, 'tokens': int}.
+  """
+  totals = None
+  for batch in batches:
+    sums = eval_fn(params, _pad_batch(batch, batch_size))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  totals = jax.device_get(totals)
+  tokens = max(float(totals["tokens"]), 1.0)
+  return {
+      "loss": float(totals["loss"]) / tokens,
+      "accuracy": float(totals["correct"]) / tokens,
+      "tokens": int(totals["tokens"]),
+  }
+
+
+def _append_metrics(path, record):
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+def _means(metrics):
+  """Per-key means of a list of dicts of float32 [] device arrays."""
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), *metrics)
+  return {k: float(np.mean(v)) for k, v in jax.device_get(stacked).items()}
+
+
+@gin.configurable(denylist=["model_config"])
+def train(
+    model_config,
+    model_dir=gin.REQUIRED,
+    task=gin.REQUIRED,
+    num_steps=gin.REQUIRED,
+    batch_size=gin.REQUIRED,
+    feature_lengths=gin.REQUIRED,
+    optimizer=gin.REQUIRED,
+    length_buckets=(),
+    eval_task=None,
+    eval_split="validation",
+    eval_every=500,
+    checkpoint_every=1000,
+    keep_checkpoints=2,
+    log_every=10,
+    z_loss=Z_LOSS,
+    seed=0,
+    export_dir=None,
+    export_dtype="float32",
+):
+  """Trains (or resumes training) a T5 on a seqio task.
+
+  Args:
+    model_config: the model's T5Config; its dropout_rate applies here.
+    model_dir: checkpoints (`checkpoint_<step>/`), `metrics.jsonl` and the
+      operative `config.gin` go here; training resumes from its latest
+      checkpoint.
+    task: the training seqio task's name ('train' split).
+    num_steps: train until this step.
+    batch_size: B, examples per step.
+    feature_lengths: {'inputs': S, 'targets': T}, padded (and cut) lengths.
+    optimizer: an optax.GradientTransformation (`optimizers.adamw()`, ...).
+    length_buckets: training batches' (S_i, T_i) length buckets, see
+      `data.batches`; evaluation pads every batch to (S, T).
+    eval_task: the task to evaluate; None means `task`.
+    eval_split: its split; None disables evaluation.
+    eval_every: evaluate every this many steps, and at the end.
+    checkpoint_every: save every this many steps, and at the end.
+    keep_checkpoints: the most recent checkpoints to keep.
+    log_every: steps between updates of the progress bar and metrics file.
+    z_loss: see `cross_entropy`.
+    seed: seeds the init, the dropout keys and the data order.
+    export_dir: if set, the final params are also written here alone, in a
+      form `checkpoints.load_params` reads.
+    export_dtype: 'float32' or 'bfloat16' for the exported params.
+
+  Returns:
+    The final TrainState.
+  """
+  model = t5.Transformer(model_config)
+  os.makedirs(model_dir, exist_ok=True)
+  manager = train_checkpoints.manager(model_dir, keep_checkpoints)
+  state = train_checkpoints.restore_latest(
+      manager, init_state(model_config, optimizer, jax.random.key(seed))
+  )
+  start_step = int(state.step)
+  step_fn = jax.jit(
+      functools.partial(
+          train_step,
+          model=model,
+          optimizer=optimizer,
+          dropout_seed=seed,
+          z_loss=z_loss,
+      ),
+      donate_argnums=0,
+  )
+  eval_fn = jax.jit(functools.partial(eval_step, model=model))
+  # A resumed run reshuffles with a seed of its own, rather than replaying
+  # the batches already seen.
+  train_batches = data.batches(
+      task,
+      "train",
+      batch_size,
+      feature_lengths=feature_lengths,
+      shuffle=True,
+      seed=seed + start_step,
+      num_epochs=None,
+      drop_remainder=True,
+      length_buckets=length_buckets,
+  )
+  metrics_file = os.path.join(model_dir, "metrics.jsonl")
+  with open(os.path.join(model_dir, "config.gin"), "w") as f:
+    f.write(gin.operative_config_str())
+  pending, last_time = [], time.perf_counter()
+  with tqdm.tqdm(
+      total=num_steps, initial=start_step, desc="train", dynamic_ncols=True
+  ) as bar:
+    for step in range(start_step + 1, num_steps + 1):
+      batch = {k: v for k, v in next(train_batches).items() if k in _FEATURES}
+      state, metrics = step_fn(state, batch)
+      pending.append(metrics)
+      if step % log_every == 0 or step == num_steps:
+        means = _means(pending)
+        now = time.perf_counter()
+        means["seconds_per_step"] = (now - last_time) / len(pending)
+        _append_metrics(metrics_file, {"step": step, **means})
+        bar.set_postfix(loss=f"{means['loss']:.3f}")
+        bar.update(len(pending))
+        pending, last_time = [], now
+      if eval_split and (step % eval_every == 0 or step == num_steps):
+        result = evaluate(
+            eval_fn,
+            state.params,
+            data.batches(
+                eval_task or task,
+                eval_split,
+                batch_size,
+                feature_lengths=feature_lengths,
+            ),
+            batch_size,
+        )
+        _append_metrics(
+            metrics_file,
+            {"step": step, **{f"eval_{k}": v for k, v in result.items()}},
+        )
+        bar.write(
+            f"step {step}: eval loss {result['loss']:.4f}, "
+            f"accuracy {result['accuracy']:.4f}"
+        )
+      if step % checkpoint_every == 0 or step == num_steps:
+        train_checkpoints.save(manager, state)
+  manager.close()
+  if export_dir:
+    train_checkpoints.export_params(
+        state.params, export_dir, jnp.dtype(export_dtype)
+    )
+  return state

@@ -25,6 +25,7 @@ import transformers
 from spec_decode import checkpoints
 from spec_decode.models import t5
 from spec_decode.models.config import T5Config
+import hf_reference
 
 _V11 = T5Config(
     vocab_size=64,
@@ -53,32 +54,7 @@ _CONFIGS = {"v1_1": _V11, "v1_0": _V10}
 
 def _hf_model(config):
   """A random HF T5 of `config`; T5 1.1 gets an lm_head of its own."""
-  v11 = not config.logits_via_embedding
-  hf_config = transformers.T5Config(
-      vocab_size=config.vocab_size,
-      d_model=config.emb_dim,
-      d_kv=config.head_dim,
-      d_ff=config.mlp_dim,
-      num_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers,
-      num_heads=config.num_heads,
-      relative_attention_num_buckets=config.num_buckets,
-      relative_attention_max_distance=config.max_distance,
-      feed_forward_proj="gated-gelu" if v11 else "relu",
-      tie_word_embeddings=not v11,
-      dropout_rate=0.0,
-  )
-  torch.manual_seed(0)
-  model = transformers.T5ForConditionalGeneration(hf_config).eval()
-  if v11:
-    # transformers 5 ties lm_head to shared even for tie_word_embeddings=False
-    # (that flag only turns off T5 1.0's output rescaling): untie it, as in
-    # the published T5 1.1 checkpoints.
-    model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(config.vocab_size, config.emb_dim)
-    )
-    model.all_tied_weights_keys.pop("lm_head.weight")
-  return model
+  return hf_reference.hf_model(config)
 
 
 def _numpy(tensor):

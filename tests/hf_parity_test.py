@@ -17,6 +17,7 @@ import transformers
 
 from spec_decode import checkpoints
 from spec_decode.models import t5
+import hf_reference
 
 # float32 throughout; the two implementations sum in different orders.
 ATOL = 1e-4
@@ -58,31 +59,17 @@ def _save_hf_model(config, directory, std):
   Returns:
     The transformers model.
   """
-  v1_1 = not config.logits_via_embedding
-  hf_config = transformers.T5Config(
-      vocab_size=config.vocab_size,
-      d_model=config.emb_dim,
-      d_kv=config.head_dim,
-      d_ff=config.mlp_dim,
-      num_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers,
-      num_heads=config.num_heads,
-      feed_forward_proj="gated-gelu" if v1_1 else "relu",
-      tie_word_embeddings=not v1_1,
-      dropout_rate=0.0,
-  )
   torch.manual_seed(0)
-  model = transformers.T5ForConditionalGeneration(hf_config).eval()
+  model = transformers.T5ForConditionalGeneration(
+      hf_reference.hf_config(config)
+  ).eval()
   with torch.no_grad():  # Weights of T5's scale, not the tiny default init.
     for param in model.parameters():
       param.normal_(0.0, std)
-  if v1_1:
-    # transformers 5.x ties lm_head to the embedding even for T5 1.1; the
-    # published T5 1.1 checkpoints have their own.
-    model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(config.vocab_size, config.emb_dim)
+  if not config.logits_via_embedding:
+    hf_reference.untie_lm_head(
+        model, torch.randn(config.vocab_size, config.emb_dim)
     )
-    model.all_tied_weights_keys.pop("lm_head.weight")
   model.save_pretrained(directory)
   return model
 

@@ -8,31 +8,18 @@ import transformers
 from spec_decode import gin_config
 from spec_decode.models import param_count
 from spec_decode.models.config import T5Config
+import hf_reference
 
 
 def _hf_count(config):
   """transformers' parameter count for a T5Config, built on the meta device."""
-  gated = config.mlp_activations == ("gelu", "linear")
-  hf_config = transformers.T5Config(
-      vocab_size=config.vocab_size,
-      d_model=config.emb_dim,
-      d_kv=config.head_dim,
-      d_ff=config.mlp_dim,
-      num_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers,
-      num_heads=config.num_heads,
-      relative_attention_num_buckets=config.num_buckets,
-      relative_attention_max_distance=config.max_distance,
-      feed_forward_proj="gated-gelu" if gated else "relu",
-      tie_word_embeddings=config.logits_via_embedding,
-  )
   with torch.device("meta"):
-    model = transformers.T5ForConditionalGeneration(hf_config)
+    model = transformers.T5ForConditionalGeneration(
+        hf_reference.hf_config(config)
+    )
     if not config.logits_via_embedding:
-      # transformers 5.x always ties lm_head to the embedding (the flag only
-      # turns off T5 1.0's logit rescale); T5 1.1 has its own lm_head.
-      model.lm_head.weight = torch.nn.Parameter(
-          torch.empty_like(model.shared.weight)
+      hf_reference.untie_lm_head(
+          model, torch.empty(config.vocab_size, config.emb_dim)
       )
   # parameters() yields a tied (shared) tensor once.
   return sum(p.numel() for p in model.parameters())

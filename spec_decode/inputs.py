@@ -3,7 +3,7 @@
 Exactly one source is configured:
 
   read_inputs.path = 'inputs.txt'        # one input per line
-  read_inputs.task = 'multi30k_ende'     # a registered seqio task's inputs
+  read_inputs.task = 'multi30k_en_de'     # a registered seqio task's inputs
   read_inputs.prompt = 'translate English to German: A dog runs.'
 
 Inputs are tokenized with the run's vocabulary, end with EOS as in T5, and are

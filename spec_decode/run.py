@@ -33,10 +33,13 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # Keep the report readable: JAX logs backend probing at INFO.
   logging.set_verbosity(logging.WARNING)
-  # Registers seqio's vocabularies with gin. Imported here, after absl has
-  # started, because TensorFlow's CUDA probe logs an error when imported
-  # before it.
-  from spec_decode import vocabulary  # pylint: disable=g-import-not-at-top,unused-import
+  # Register seqio's vocabularies with gin and the seqio tasks. Imported
+  # here, after absl has started, because TensorFlow's CUDA probe logs an
+  # error when imported before it; vocabulary imports TensorFlow quietly.
+  # pylint: disable=g-import-not-at-top,unused-import
+  from spec_decode import vocabulary
+  from spec_decode import data
+  # pylint: enable=g-import-not-at-top,unused-import
 
   try:
     gin_config.parse(_GIN_FILES.value, _GIN_BINDINGS.value)

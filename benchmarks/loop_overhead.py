@@ -28,8 +28,6 @@ Usage:
   python benchmarks/loop_overhead.py --batch_sizes=1,8 --max_decode_len=64
 """
 
-import time
-
 from absl import app
 from absl import flags
 import jax
@@ -41,6 +39,7 @@ from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import gin_config
 from spec_decode import sampling
+from spec_decode import timing
 from spec_decode import speculative
 from spec_decode.models import t5
 
@@ -60,40 +59,6 @@ _MODEL_GIN = flags.DEFINE_string(
 # max_decode_len tokens per row.
 _NO_EOS = -1
 _GREEDY = sampling.SamplingConfig(temperature=0.0)
-
-
-def _median_seconds(run, repeats: int) -> float:
-  """Median wall time of run(), after one warm-up call that compiles."""
-  jax.block_until_ready(run())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(run())
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
-def _seconds_per_call(decode_fn, cache, num_tokens, position, calls, repeats):
-  """Time of one decode_fn call on num_tokens tokens per row at `position`."""
-  batch_size = cache.lengths.shape[0]
-  tokens = jnp.full((batch_size, num_tokens), 2, jnp.int32)
-  lengths = jnp.full((batch_size,), position, jnp.int32)
-
-  @jax.jit
-  def run_calls(cache):
-    # The cache is carried, as in the decoders, so that no call is loop
-    # invariant (XLA would hoist it) or dead.
-    def body(_, carry):
-      cache, total = carry
-      logits, cache = decode_fn(tokens, cache.replace(lengths=lengths))
-      return cache, total + jnp.sum(logits, axis=(1, 2))
-
-    _, total = jax.lax.fori_loop(
-        0, calls, body, (cache, jnp.zeros((batch_size,)))
-    )
-    return total
-
-  return _median_seconds(lambda: run_calls(cache), repeats) / calls
 
 
 def main(argv):
@@ -121,14 +86,16 @@ def main(argv):
         eos_id=_NO_EOS,
         config=_GREEDY,
     )
-    baseline_per_token = _median_seconds(baseline, repeats) / max_decode_len
-    step = _seconds_per_call(
+    baseline_per_token = (
+        timing.median_seconds(baseline, repeats) / max_decode_len
+    )
+    step = timing.seconds_per_call(
         baseline_model.decode_fn,
         baseline_model.cache,
         1,
         max_decode_len // 2,
-        _CALLS.value,
-        repeats,
+        repeats=repeats,
+        calls=_CALLS.value,
     )
     expected = np.asarray(baseline().sequences)
     for gamma in [int(gamma) for gamma in _GAMMAS.value]:
@@ -148,16 +115,18 @@ def main(argv):
           config=_GREEDY,
       )
       same = float(np.mean(np.asarray(run().sequences) == expected))
-      speculative_per_token = _median_seconds(run, repeats) / max_decode_len
+      speculative_per_token = (
+          timing.median_seconds(run, repeats) / max_decode_len
+      )
       # Timed back to back, so that a shared machine's load drifts less.
       draft_step, target_step, verify_call = (
-          _seconds_per_call(
+          timing.seconds_per_call(
               fn,
               cache,
               num_tokens,
               max_decode_len // 2,
-              _CALLS.value,
-              repeats,
+              repeats=repeats,
+              calls=_CALLS.value,
           )
           for fn, cache, num_tokens in [
               (draft.decode_fn, draft.cache, 1),

@@ -14,19 +14,18 @@ which shows the loop's overhead at this size.
 
 import functools
 import json
-import time
 
 from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from spec_decode import analysis
 from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import gin_config
 from spec_decode import speculative
+from spec_decode import timing
 from spec_decode.models import t5
 
 _TARGET = flags.DEFINE_string("target", "t5_1_1_xxl", "configs/models/ stem.")
@@ -71,31 +70,6 @@ def _random_params(config, rng):
 _setup = jax.jit(drafts.t5_draft, static_argnums=(0, 3))
 
 
-def _median_seconds(fn, repeats):
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
-
-
-@jax.jit
-def _call(decode_fn, tokens, cache):
-  return decode_fn(tokens, cache)
-
-
-def _call_seconds(model_draft, num_tokens, position, repeats):
-  cache = model_draft.cache
-  batch = cache.lengths.shape[0]
-  cache = cache.replace(lengths=jnp.full((batch,), position, jnp.int32))
-  tokens = jnp.full((batch, num_tokens), 5, jnp.int32)
-  return _median_seconds(
-      lambda: _call(model_draft.decode_fn, tokens, cache), repeats
-  )
-
-
 def main(argv):
   del argv
   gamma, batch = _GAMMA.value, _BATCH.value
@@ -109,11 +83,20 @@ def main(argv):
     setups[name] = _setup(t5.Transformer(config), params, inputs, capacity)
     print(f"{name}: {stem}, {t5.num_params(config):,} parameters", flush=True)
   position = _MAX_DECODE_LEN.value // 2
-  target_step = _call_seconds(setups["target"], 1, position, _REPEATS.value)
-  target_verify = _call_seconds(
-      setups["target"], gamma + 1, position, _REPEATS.value
+  target_step, target_verify, draft_step = (
+      timing.seconds_per_call(
+          setups[name].decode_fn,
+          setups[name].cache,
+          num_tokens,
+          position,
+          repeats=_REPEATS.value,
+      )
+      for name, num_tokens in (
+          ("target", 1),
+          ("target", gamma + 1),
+          ("draft", 1),
+      )
   )
-  draft_step = _call_seconds(setups["draft"], 1, position, _REPEATS.value)
   c = draft_step / target_step
   results = {
       "device": str(jax.devices()[0].device_kind),
@@ -146,7 +129,7 @@ def main(argv):
         _MAX_DECODE_LEN.value,
     ).cache
     # No EOS (-1): both loops emit exactly max_decode_len tokens per row.
-    baseline = _median_seconds(
+    baseline = timing.median_seconds(
         lambda: decoding.autoregressive_decode(
             target.decode_fn,
             baseline_cache,
@@ -156,7 +139,7 @@ def main(argv):
         ).sequences,
         3,
     )
-    spec = _median_seconds(
+    spec = timing.median_seconds(
         lambda: speculative.speculative_decode(
             target.decode_fn,
             target.decode_fn,

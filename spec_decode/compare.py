@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import json
 import pathlib
-import time
 from typing import Any
 
 import gin
@@ -31,21 +30,18 @@ from spec_decode import inputs as inputs_lib
 from spec_decode import pair
 from spec_decode import sampling
 from spec_decode import speculative
+from spec_decode import timing
 
 DRAFT_KINDS = ("t5", "target", "unigram", "bigram")
-# Repeats of a single decode call when measuring c; its median is reported.
-_STEP_REPEATS = 20
-
-
-def _encode_and_cache(model, params, inputs, max_length):
-  return drafts.t5_draft(model, params, inputs, max_length)
+# Timed loops of decode calls when measuring c; the median counts.
+_STEP_REPEATS = 5
 
 
 @functools.partial(
     jax.jit, static_argnames=("model", "max_decode_len", "config")
 )
 def _baseline(model, params, inputs, rng, *, max_decode_len, config):
-  target = _encode_and_cache(model, params, inputs, max_decode_len)
+  target = drafts.t5_draft(model, params, inputs, max_decode_len)
   return decoding.autoregressive_decode(
       target.decode_fn,
       target.cache,
@@ -59,7 +55,7 @@ def _baseline(model, params, inputs, rng, *, max_decode_len, config):
 def _draft(target, draft_model, draft_params, inputs, capacity):
   """The draft for a batch: a T5, the target itself, or an n-gram model."""
   if draft_model is not None:
-    return _encode_and_cache(draft_model, draft_params, inputs, capacity)
+    return drafts.t5_draft(draft_model, draft_params, inputs, capacity)
   if draft_params is None:
     return drafts.target_as_draft(target.decode_fn, target.cache)
   return drafts.ngram_draft(draft_params, inputs.shape[0])
@@ -88,7 +84,7 @@ def _speculative(
     config,
 ):
   capacity = max_decode_len + gamma + 1
-  target = _encode_and_cache(target_model, target_params, inputs, capacity)
+  target = drafts.t5_draft(target_model, target_params, inputs, capacity)
   draft = _draft(target, draft_model, draft_params, inputs, capacity)
   return speculative.speculative_decode(
       target.decode_fn,
@@ -103,38 +99,10 @@ def _speculative(
   )
 
 
-def _timed(fn, repeats, warm_up=True):
-  """Runs fn `repeats` times: (its result, the median seconds).
-
-  Args:
-    fn: a function of no arguments returning arrays.
-    repeats: timed runs.
-    warm_up: first run it once untimed (compilation).
-
-  Returns:
-    The last result and the median time in seconds.
-  """
-  if warm_up:
-    jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    result = jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return result, float(np.median(times))
-
-
-@jax.jit
-def _call(decode_fn, tokens, cache):
-  return decode_fn(tokens, cache)
-
-
-def _step_seconds(decode_fn, cache, num_tokens, position):
-  """Median time of one decode call of `num_tokens` tokens per row."""
-  batch = cache.lengths.shape[0]
-  tokens = jnp.full((batch, num_tokens), 2, jnp.int32)
-  cache = cache.replace(lengths=jnp.full((batch,), position, jnp.int32))
-  return _timed(lambda: _call(decode_fn, tokens, cache), _STEP_REPEATS)[1]
+def _call_seconds(decode_fn, cache, num_tokens, position):
+  return timing.seconds_per_call(
+      decode_fn, cache, num_tokens, position, repeats=_STEP_REPEATS
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,18 +131,16 @@ def measure_step_costs(
   """Times the target's 1- and (gamma+1)-token calls and a draft step."""
   capacity = max_decode_len + gamma + 1
   position = max_decode_len // 2  # A typical cache length during decoding.
-  target_draft = _encode_and_cache(
-      target.model, target.params, inputs, capacity
-  )
+  target_draft = drafts.t5_draft(target.model, target.params, inputs, capacity)
   draft = _draft(target_draft, draft_model, draft_params, inputs, capacity)
   return StepCosts(
-      target_step=_step_seconds(
+      target_step=_call_seconds(
           target_draft.decode_fn, target_draft.cache, 1, position
       ),
-      target_verify=_step_seconds(
+      target_verify=_call_seconds(
           target_draft.decode_fn, target_draft.cache, gamma + 1, position
       ),
-      draft_step=_step_seconds(draft.decode_fn, draft.cache, 1, position),
+      draft_step=_call_seconds(draft.decode_fn, draft.cache, 1, position),
   )
 
 
@@ -297,7 +263,7 @@ def run(
       tqdm.tqdm(batches, desc="decoding", unit="batch", disable=not progress)
   ):
     rng = jax.random.fold_in(jax.random.key(seed), index)
-    base, seconds = _timed(
+    base, seconds = timing.timed(
         lambda: _baseline(
             target.model,
             target.params,
@@ -310,7 +276,7 @@ def run(
         warm_up=index == 0,
     )
     baseline_time += seconds
-    spec, seconds = _timed(
+    spec, seconds = timing.timed(
         lambda: _speculative(
             target.model,
             target.params,

@@ -11,6 +11,8 @@ INSTALL_REQUIRES = [
     "gin-config==0.5.0",
     "jax==0.10.2",
     "jaxlib==0.10.2",
+    # The benchmark's plot of speedup vs gamma.
+    "matplotlib==3.11.2",
     "msgpack==1.2.4",
     "numpy==2.4.6",
     "optax==0.2.8",
@@ -27,6 +29,10 @@ INSTALL_REQUIRES = [
 # Test-only: the PyTorch reference T5. torch is pinned exactly: an unpinned
 # torch pulls a multi-GB CUDA build.
 TEST_REQUIRES = [
+    # The notebooks' test runs them headless.
+    "ipykernel==7.4.0",
+    "nbclient==0.11.0",
+    "nbformat==5.11.1",
     "pyink==26.5.1",
     "pytest==9.2.0",
     "scipy==1.17.1",

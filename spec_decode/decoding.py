@@ -149,9 +149,8 @@ def _autoregressive_decode(
 
   def body_fn(state: DecodeLoopState) -> DecodeLoopState:
     logits, cache = target_fn(state.last_tokens[:, None], state.cache)
-    target_probs = sampling.logits_to_probs(logits[:, 0], config)  # [B, V]
     step_rng = jax.random.fold_in(decode_rng, state.cur_index)
-    tokens = sampling.sample(step_rng, target_probs)  # [B]
+    tokens = sampling.choose(step_rng, logits[:, 0], config)[0]  # [B]
     sequences = jax.lax.dynamic_update_slice(
         state.sequences, tokens[:, None], (0, state.cur_index)
     )

@@ -28,6 +28,12 @@ _DRAFT_STREAM = 0
 _COIN_STREAM = 1
 _RESIDUAL_STREAM = 2
 
+# Where each emitted token came from (`SpeculativeResult.token_sources`).
+PADDING = 0
+ACCEPTED = 1  # A drafted token the target accepted.
+REPLACEMENT = 2  # Drawn from the residual after the draft's first rejection.
+BONUS = 3  # Drawn from the target after the draft's block was all accepted.
+
 
 @flax.struct.dataclass
 class SpeculativeResult:
@@ -46,6 +52,12 @@ class SpeculativeResult:
     accepted_tokens: int32 [B] drafted tokens accepted.
     beta_sum: float32 [B] sum, over the positions of the judged drafted tokens,
       of beta = sum_x min(target_probs(x), draft_probs(x)).
+    token_sources: int32 [B, max_decode_len] where each emitted token came
+      from: ACCEPTED, REPLACEMENT or BONUS (PADDING after the row's length).
+      Each target call emits a run of ACCEPTED tokens closed by one
+      REPLACEMENT or BONUS token (unless EOS or max_decode_len cuts it).
+    rejected_tokens: int32 [B, max_decode_len] at each REPLACEMENT token, the
+      drafted token the target rejected there; -1 elsewhere.
   """
 
   sequences: jax.Array
@@ -54,6 +66,8 @@ class SpeculativeResult:
   drafted_tokens: jax.Array
   accepted_tokens: jax.Array
   beta_sum: jax.Array
+  token_sources: jax.Array
+  rejected_tokens: jax.Array
 
   def acceptance_rate(self) -> jax.Array:
     """Empirical alpha: accepted / judged drafted tokens, over all rows."""
@@ -77,6 +91,10 @@ class SpeculativeLoopState:
     history: int32 [B, max_decode_len + gamma + 2] BOS, then the emitted
       tokens (history[b, i] is token i, BOS being token 0); garbage after
       position lengths[b].
+    sources: int32 [B, max_decode_len + gamma + 2] aligned with history:
+      where each token came from (see `SpeculativeResult.token_sources`).
+    rejected: int32 [B, max_decode_len + gamma + 2] aligned with history: the
+      rejected drafted token at each REPLACEMENT, -1 elsewhere.
     lengths: int32 [B] tokens emitted per row. The target cache holds the
       history before the last token: its lengths equal these.
     done: bool [B] whether the row has emitted EOS or reached max_decode_len.
@@ -90,6 +108,8 @@ class SpeculativeLoopState:
 
   cur_index: jax.Array
   history: jax.Array
+  sources: jax.Array
+  rejected: jax.Array
   lengths: jax.Array
   done: jax.Array
   target_cache: Any
@@ -149,7 +169,7 @@ def verify(
     target_probs: jax.Array,
     draft_probs: jax.Array,
     draft_tokens: jax.Array,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """The accept/reject step: how many drafts to keep, and the next token.
 
   Args:
@@ -164,6 +184,7 @@ def verify(
     num_accepted: int32 [B] in 0..gamma, accepted drafts per row.
     next_tokens: int32 [B] drawn from the residual at position num_accepted,
       or from target_probs[:, gamma] (the bonus token) after a full accept.
+    beta: float32 [B, gamma] sum_x min(target_probs_i(x), draft_probs_i(x)).
   """
   tokens = draft_tokens[..., None]  # [B, gamma, 1]
   target_token_probs = jnp.take_along_axis(target_probs[:, :-1], tokens, -1)
@@ -174,13 +195,48 @@ def verify(
   )
   # The draft's distribution past the last draft is 0, so that the residual
   # there is the target's own: the bonus token needs no branch.
-  draft_probs = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))  # [B, g+1, V]
+  padded_draft_probs = jnp.pad(
+      draft_probs, ((0, 0), (0, 1), (0, 0))
+  )  # [B, gamma + 1, V]
   position = num_accepted[:, None, None]  # [B, 1, 1]
   next_probs = residual_probs(
       jnp.take_along_axis(target_probs, position, axis=1)[:, 0],
-      jnp.take_along_axis(draft_probs, position, axis=1)[:, 0],
+      jnp.take_along_axis(padded_draft_probs, position, axis=1)[:, 0],
   )  # [B, V]
-  return num_accepted, sampling.sample(residual_rng, next_probs)
+  beta = jnp.sum(jnp.minimum(target_probs[:, :-1], draft_probs), axis=-1)
+  return num_accepted, sampling.sample(residual_rng, next_probs), beta
+
+
+def verify_greedy(
+    target_logits: jax.Array, draft_tokens: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`verify` at temperature 0, from the target's logits alone.
+
+  With one-hot target_probs and draft_probs the general rule reduces to
+  comparisons: x_i is accepted (with any coin) exactly when it is the target's
+  argmax, the residual after a rejection is the target's one-hot, and so is
+  the bonus token's distribution. So this returns what `verify` would, with
+  no pass over the vocabulary beyond one argmax per position.
+
+  Args:
+    target_logits: float [B, gamma + 1, V] the target's logits.
+    draft_tokens: int32 [B, gamma] the drafted (greedy) tokens.
+
+  Returns:
+    num_accepted, next_tokens, beta: as `verify` returns them; beta is 1
+    where the draft's argmax matched the target's and 0 elsewhere.
+  """
+  target_tokens = sampling.greedy_tokens(target_logits)  # [B, gamma + 1]
+  matches = draft_tokens == target_tokens[:, :-1]  # [B, gamma]
+  num_accepted = jnp.sum(jnp.cumprod(matches, axis=-1), axis=-1)
+  next_tokens = jnp.take_along_axis(
+      target_tokens, num_accepted[:, None], axis=1
+  )[:, 0]
+  return (
+      num_accepted.astype(jnp.int32),
+      next_tokens,
+      matches.astype(jnp.float32),
+  )
 
 
 def speculative_decode(
@@ -261,10 +317,22 @@ def speculative_decode(
   )
 
 
+def _write_rows(whole, part, starts):
+  """whole[b, starts[b]:starts[b] + T] = part[b] for each row b."""
+  return jax.vmap(
+      lambda row, values, start: jax.lax.dynamic_update_slice(
+          row, values, (start,)
+      )
+  )(whole, part, starts)
+
+
 def _draft(
     draft_fn, draft_cache, history, lengths, draft_rng, *, gamma, config
 ):
-  """Step 1: draft_tokens [B, gamma], draft_probs [B, gamma, V], the cache."""
+  """Step 1: draft_tokens [B, gamma], draft_probs [B, gamma, V], the cache.
+
+  draft_probs is None when greedy (see `sampling.choose`).
+  """
   start = jnp.maximum(lengths - 1, 0)  # [B]
   chunk = jnp.take_along_axis(
       history, start[:, None] + jnp.arange(2)[None, :], axis=1
@@ -275,23 +343,26 @@ def _draft(
   offset = (lengths - start)[:, None, None]  # [B, 1, 1]
   logits = jnp.take_along_axis(logits, offset, axis=1)[:, 0]  # [B, V]
   draft_cache = draft_cache.replace(lengths=lengths + 1)
-  first_probs = sampling.logits_to_probs(logits, config)
-  first_token = sampling.sample(jax.random.fold_in(draft_rng, 0), first_probs)
+  first = sampling.choose(jax.random.fold_in(draft_rng, 0), logits, config)
 
   def step(carry, i):
     draft_cache, token = carry
     logits, draft_cache = draft_fn(token[:, None], draft_cache)
-    probs = sampling.logits_to_probs(logits[:, 0], config)
-    token = sampling.sample(jax.random.fold_in(draft_rng, i), probs)
+    token, probs = sampling.choose(
+        jax.random.fold_in(draft_rng, i), logits[:, 0], config
+    )
     return (draft_cache, token), (token, probs)
 
-  (draft_cache, _), (tokens, probs) = jax.lax.scan(
-      step, (draft_cache, first_token), jnp.arange(1, gamma)
-  )  # tokens: [gamma - 1, B], probs: [gamma - 1, B, V]
-  draft_tokens = jnp.concatenate([first_token[:, None], tokens.T], axis=1)
-  draft_probs = jnp.concatenate(
-      [first_probs[:, None], jnp.moveaxis(probs, 0, 1)], axis=1
-  )
+  (draft_cache, _), rest = jax.lax.scan(
+      step, (draft_cache, first[0]), jnp.arange(1, gamma)
+  )  # tokens: [gamma - 1, B], probs: [gamma - 1, B, V] or None
+  draft_tokens, draft_probs = jax.tree.map(
+      lambda head, tail: jnp.concatenate(
+          [head[:, None], jnp.moveaxis(tail, 0, 1)], axis=1
+      ),
+      first,
+      rest,
+  )  # [B, gamma], [B, gamma, V] or None
   return draft_tokens, draft_probs, draft_cache
 
 
@@ -332,14 +403,18 @@ def _speculative_decode(
         jnp.concatenate([last_tokens, draft_tokens], axis=1),  # [B, gamma + 1]
         state.target_cache,
     )
-    target_probs = sampling.logits_to_probs(target_logits, config)
-    num_accepted, next_tokens = verify(
-        jax.random.fold_in(iteration_rng, _COIN_STREAM),
-        jax.random.fold_in(iteration_rng, _RESIDUAL_STREAM),
-        target_probs,
-        draft_probs,
-        draft_tokens,
-    )
+    if config.greedy:
+      num_accepted, next_tokens, beta = verify_greedy(
+          target_logits, draft_tokens
+      )
+    else:
+      num_accepted, next_tokens, beta = verify(
+          jax.random.fold_in(iteration_rng, _COIN_STREAM),
+          jax.random.fold_in(iteration_rng, _RESIDUAL_STREAM),
+          sampling.logits_to_probs(target_logits, config),
+          draft_probs,
+          draft_tokens,
+      )
 
     # Step 4: x_1..x_n, then the next token (positions past n are junk).
     block = jnp.where(
@@ -355,20 +430,33 @@ def _speculative_decode(
     )
     num_emitted = jnp.where(state.done, 0, num_emitted)
     new_lengths = lengths + num_emitted
-    history = jax.vmap(
-        lambda row, tokens, start: jax.lax.dynamic_update_slice(
-            row, tokens, (start,)
+    is_next = block_positions == num_accepted[:, None]  # [B, gamma + 1]
+    sources = jnp.where(
+        is_next,
+        jnp.where(num_accepted < gamma, REPLACEMENT, BONUS)[:, None],
+        ACCEPTED,
+    )  # [B, gamma + 1]
+    rejected = jnp.where(
+        is_next, jnp.pad(draft_tokens, ((0, 0), (0, 1)), constant_values=-1), -1
+    )  # [B, gamma + 1]
+    history, sources, rejected = (
+        _write_rows(whole, part, lengths + 1)
+        for whole, part in (
+            (state.history, block),
+            (state.sources, sources),
+            (state.rejected, rejected),
         )
-    )(state.history, block, lengths + 1)
+    )
 
     # Statistics over the drafts judged, up to EOS and max_decode_len.
     num_judged = jnp.minimum(jnp.minimum(num_accepted + 1, gamma), num_emitted)
     judged = block_positions[:, :-1] < num_judged[:, None]  # [B, gamma]
-    beta = jnp.sum(jnp.minimum(target_probs[:, :-1], draft_probs), axis=-1)
     num_kept = jnp.minimum(num_accepted, num_emitted)  # Accepted and emitted.
     return SpeculativeLoopState(
         cur_index=state.cur_index + 1,
         history=history,
+        sources=sources,
+        rejected=rejected,
         lengths=new_lengths,
         done=state.done | hit_eos | (new_lengths >= max_decode_len),
         target_cache=target_cache.replace(lengths=new_lengths),
@@ -380,16 +468,15 @@ def _speculative_decode(
     )
 
   zeros = jnp.zeros((batch_size,), jnp.int32)
+  history_shape = (batch_size, max_decode_len + gamma + 2)
   state = jax.lax.while_loop(
       cond_fn,
       body_fn,
       SpeculativeLoopState(
           cur_index=jnp.array(0, jnp.int32),
-          history=jnp.full(
-              (batch_size, max_decode_len + gamma + 2),
-              decoding.BOS_ID,
-              jnp.int32,
-          ),
+          history=jnp.full(history_shape, decoding.BOS_ID, jnp.int32),
+          sources=jnp.full(history_shape, PADDING, jnp.int32),
+          rejected=jnp.full(history_shape, -1, jnp.int32),
           lengths=zeros,
           done=jnp.zeros((batch_size,), bool),
           target_cache=target_cache,
@@ -400,9 +487,15 @@ def _speculative_decode(
           beta_sum=jnp.zeros((batch_size,), jnp.float32),
       ),
   )
-  sequences = state.history[:, 1 : max_decode_len + 1]
+  emitted = slice(1, max_decode_len + 1)
+  positions = jnp.arange(max_decode_len)[None, :]  # [1, max_decode_len]
+  emitted_mask = positions < state.lengths[:, None]  # [B, max_decode_len]
   return SpeculativeResult(
-      sequences=decoding.mask_after_lengths(sequences, state.lengths),
+      sequences=decoding.mask_after_lengths(
+          state.history[:, emitted], state.lengths
+      ),
+      token_sources=jnp.where(emitted_mask, state.sources[:, emitted], PADDING),
+      rejected_tokens=jnp.where(emitted_mask, state.rejected[:, emitted], -1),
       lengths=state.lengths,
       target_calls=state.target_calls,
       drafted_tokens=state.drafted_tokens,

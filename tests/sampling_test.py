@@ -76,6 +76,19 @@ class LogitsToProbsTest(parameterized.TestCase):
     np.testing.assert_array_equal(probs, [[[0, 1, 0, 0]], [[1, 0, 0, 0]]])
     self.assertEqual(probs.dtype, jnp.float32)
 
+  def test_greedy_tokens_is_the_argmax_of_the_greedy_one_hot(self):
+    logits = jnp.round(jax.random.normal(jax.random.key(7), (4, 3, 50)))
+    tokens = sampling.greedy_tokens(logits)  # Rounding makes ties.
+    self.assertEqual(tokens.dtype, jnp.int32)
+    np.testing.assert_array_equal(tokens, np.argmax(logits, axis=-1))
+    probs = sampling.logits_to_probs(logits, sampling.SamplingConfig(0.0))
+    np.testing.assert_array_equal(jax.nn.one_hot(tokens, 50), probs)
+    chosen, chosen_probs = sampling.choose(
+        jax.random.key(0), logits, sampling.SamplingConfig(0.0)
+    )
+    np.testing.assert_array_equal(chosen, tokens)
+    self.assertIsNone(chosen_probs)
+
   def test_bfloat16_logits_give_float32_probs(self):
     logits = jax.random.normal(jax.random.key(2), (2, 3, 50), jnp.bfloat16)
     config = sampling.SamplingConfig(temperature=0.6, top_k=20, top_p=0.9)
@@ -123,6 +136,27 @@ class SampleTest(absltest.TestCase):
     np.testing.assert_array_equal(counts[[0, 3]], 0)
     expected = num_draws * np.asarray(weights)[[1, 2, 4, 5]] / 10
     _, p_value = scipy.stats.chisquare(counts[[1, 2, 4, 5]], expected)
+    self.assertGreater(p_value, 1e-3)
+
+  def test_frequencies_across_blocks_with_padding(self):
+    # V = 150 spans three blocks of 64, the last one padded; whole blocks and
+    # scattered tokens have weight 0.
+    weights = np.asarray(
+        jax.random.uniform(jax.random.key(5), (150,)), np.float64
+    )
+    weights[64:128] = 0.0
+    weights[::7] = 0.0
+    num_draws = 200_000
+    tokens = sampling.sample(
+        jax.random.key(6),
+        jnp.broadcast_to(jnp.asarray(weights, jnp.float32), (num_draws, 150)),
+    )
+    counts = np.bincount(tokens, minlength=150)
+    self.assertEqual(len(counts), 150)
+    np.testing.assert_array_equal(counts[weights == 0], 0)
+    support = weights > 0
+    expected = num_draws * weights[support] / weights[support].sum()
+    _, p_value = scipy.stats.chisquare(counts[support], expected)
     self.assertGreater(p_value, 1e-3)
 
   def test_3d_input(self):

@@ -117,7 +117,7 @@ class KernelTest(parameterized.TestCase):
     )[
         :, None
     ]  # [B, 1]
-    num_accepted, next_tokens = speculative.verify(
+    num_accepted, next_tokens, _ = speculative.verify(
         jax.random.key(2),
         jax.random.key(3),
         jnp.broadcast_to(target_probs, (num_rows, 2, 5)),
@@ -134,6 +134,30 @@ class KernelTest(parameterized.TestCase):
           counts[support], num_rows * expected / expected.sum()
       )
       self.assertGreater(p_value, 1e-3)
+
+
+def _check_token_sources(result):
+  """The per-token trace agrees with the counts and with itself."""
+  sources = np.asarray(result.token_sources)
+  rejected = np.asarray(result.rejected_tokens)
+  positions = np.arange(sources.shape[1])[None, :]
+  live = positions < np.asarray(result.lengths)[:, None]
+  np.testing.assert_array_equal(sources[~live], speculative.PADDING)
+  np.testing.assert_array_equal(
+      np.sum(sources == speculative.ACCEPTED, axis=1), result.accepted_tokens
+  )
+  # One REPLACEMENT or BONUS per target call, except the last call of a row
+  # cut short by EOS or max_decode_len.
+  closing = np.sum(sources >= speculative.REPLACEMENT, axis=1)
+  calls = np.asarray(result.target_calls)
+  np.testing.assert_array_less(calls - 2, closing)
+  np.testing.assert_array_less(closing, calls + 1)
+  is_replacement = sources == speculative.REPLACEMENT
+  np.testing.assert_array_equal(rejected[~is_replacement], -1)
+  np.testing.assert_array_less(-1, rejected[is_replacement])
+  # A greedy target never replaces a draft with the draft's own token.
+  replaced = np.asarray(result.sequences)[is_replacement]
+  np.testing.assert_array_less(0, np.abs(replaced - rejected[is_replacement]))
 
 
 class GreedyTest(parameterized.TestCase):
@@ -280,6 +304,7 @@ class T5GreedyTest(parameterized.TestCase):
     )
     np.testing.assert_array_equal(result.sequences, baseline.sequences)
     np.testing.assert_array_equal(result.lengths, baseline.lengths)
+    _check_token_sources(result)
     if draft_kind == "target":
       np.testing.assert_array_equal(
           result.target_calls, -(-result.lengths // (gamma + 1))
@@ -318,6 +343,12 @@ class CountingTest(parameterized.TestCase):
     )
     self.assertEqual(result.acceptance_rate(), 1.0)
     self.assertAlmostEqual(float(result.alpha_estimate()), 1.0, places=6)
+    # Blocks of gamma accepted drafts, each closed by a bonus token; the
+    # last block is cut by max_decode_len.
+    block = [speculative.ACCEPTED] * gamma + [speculative.BONUS]
+    expected = (block * max_decode_len)[:max_decode_len]
+    np.testing.assert_array_equal(result.token_sources, [expected] * 3)
+    np.testing.assert_array_equal(result.rejected_tokens, -1)
 
   def test_contrary_draft_emits_one_token_per_call(self):
     target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=-1e9)
@@ -336,6 +367,12 @@ class CountingTest(parameterized.TestCase):
     self.assertEqual(result.alpha_estimate(), 0.0)
     baseline = _baseline(target, contexts, max_decode_len=10, config=GREEDY)
     np.testing.assert_array_equal(result.sequences, baseline.sequences)
+    # Every token replaces a rejected draft: the draft's first choice, its
+    # target's last choice, which is never the emitted token.
+    np.testing.assert_array_equal(result.token_sources, speculative.REPLACEMENT)
+    rejected = np.asarray(result.rejected_tokens)
+    self.assertTrue(np.all(rejected >= 0))
+    self.assertFalse(np.any(rejected == np.asarray(result.sequences)))
 
   @parameterized.named_parameters(
       ("target_as_draft", 3, 10, True),

@@ -9,94 +9,34 @@ Timing is honest: both decoders run on the same batches with the same
 max_decode_len, each compiled and warmed up first; a batch's time is the median
 of `timing_repeats` runs and covers encoding, cache set-up and the loop; ms per
 token divides by the tokens each decoder emitted.
+
+Both decoders run on the mesh of `partitioning.make_mesh` (gin-configurable):
+parameters are loaded sharded, rows are split over its 'data' axis, and on
+several hosts each host feeds its own rows and host 0 writes the results.
 """
 
 import dataclasses
-import functools
 import json
 import pathlib
 from typing import Any
 
 import gin
 import jax
-import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from spec_decode import analysis
-from spec_decode import decoding
 from spec_decode import drafts
+from spec_decode import engine
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
+from spec_decode import partitioning
 from spec_decode import sampling
-from spec_decode import speculative
 from spec_decode import timing
 
 DRAFT_KINDS = ("t5", "target", "unigram", "bigram")
 # Timed loops of decode calls when measuring c; the median counts.
 _STEP_REPEATS = 5
-
-
-@functools.partial(
-    jax.jit, static_argnames=("model", "max_decode_len", "config")
-)
-def _baseline(model, params, inputs, rng, *, max_decode_len, config):
-  target = drafts.t5_draft(model, params, inputs, max_decode_len)
-  return decoding.autoregressive_decode(
-      target.decode_fn,
-      target.cache,
-      rng,
-      max_decode_len=max_decode_len,
-      eos_id=inputs_lib.EOS_ID,
-      config=config,
-  )
-
-
-def _draft(target, draft_model, draft_params, inputs, capacity):
-  """The draft for a batch: a T5, the target itself, or an n-gram model."""
-  if draft_model is not None:
-    return drafts.t5_draft(draft_model, draft_params, inputs, capacity)
-  if draft_params is None:
-    return drafts.target_as_draft(target.decode_fn, target.cache)
-  return drafts.ngram_draft(draft_params, inputs.shape[0])
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "target_model",
-        "draft_model",
-        "gamma",
-        "max_decode_len",
-        "config",
-    ),
-)
-def _speculative(
-    target_model,
-    target_params,
-    draft_model,
-    draft_params,
-    inputs,
-    rng,
-    *,
-    gamma,
-    max_decode_len,
-    config,
-):
-  capacity = max_decode_len + gamma + 1
-  target = drafts.t5_draft(target_model, target_params, inputs, capacity)
-  draft = _draft(target, draft_model, draft_params, inputs, capacity)
-  return speculative.speculative_decode(
-      target.decode_fn,
-      draft.decode_fn,
-      target.cache,
-      draft.cache,
-      rng,
-      gamma=gamma,
-      max_decode_len=max_decode_len,
-      eos_id=inputs_lib.EOS_ID,
-      config=config,
-  )
 
 
 def _call_seconds(decode_fn, cache, num_tokens, position):
@@ -125,23 +65,31 @@ class StepCosts:
     return self.draft_step / self.target_step
 
 
-def measure_step_costs(
-    target, draft_model, draft_params, inputs, gamma, max_decode_len
-):
-  """Times the target's 1- and (gamma+1)-token calls and a draft step."""
+def measure_step_costs(decoders, inputs, gamma, max_decode_len):
+  """Times the target's 1- and (gamma+1)-token calls and a draft step.
+
+  Args:
+    decoders: an engine.Engine.
+    inputs: int32 [B, S] placed inputs.
+    gamma: tokens drafted per target call.
+    max_decode_len: most tokens per row; calls start at half of it, a
+      typical cache length during decoding.
+
+  Returns:
+    StepCosts.
+  """
   capacity = max_decode_len + gamma + 1
-  position = max_decode_len // 2  # A typical cache length during decoding.
-  target_draft = drafts.t5_draft(target.model, target.params, inputs, capacity)
-  draft = _draft(target_draft, draft_model, draft_params, inputs, capacity)
-  return StepCosts(
-      target_step=_call_seconds(
-          target_draft.decode_fn, target_draft.cache, 1, position
-      ),
-      target_verify=_call_seconds(
-          target_draft.decode_fn, target_draft.cache, gamma + 1, position
-      ),
-      draft_step=_call_seconds(draft.decode_fn, draft.cache, 1, position),
-  )
+  position = max_decode_len // 2
+  target = decoders.setup("target", inputs, capacity)
+  draft = decoders.setup("draft", inputs, capacity)
+  with partitioning.active(decoders.mesh, decoders.target_rules):
+    return StepCosts(
+        target_step=_call_seconds(target.decode_fn, target.cache, 1, position),
+        target_verify=_call_seconds(
+            target.decode_fn, target.cache, gamma + 1, position
+        ),
+        draft_step=_call_seconds(draft.decode_fn, draft.cache, 1, position),
+    )
 
 
 def _ngram_params(kind, corpus_path, vocabulary, vocab_size):
@@ -197,6 +145,7 @@ def run(
     seed=0,
     timing_repeats=3,
     ngram_corpus=None,
+    replicate_draft=False,
     progress=True,
 ) -> dict[str, Any]:
   """Runs both decoders on the configured inputs and reports.
@@ -219,7 +168,10 @@ def run(
     timing_repeats: timed runs per batch (after one warm-up); the median
       counts.
     ngram_corpus: a text file to count an n-gram draft over.
-    progress: show a progress bar.
+    replicate_draft: keep a whole copy of the draft on every device of the
+      mesh's 'model' axis instead of splitting it (a small draft then needs
+      no communication); the target is always split as the rules say.
+    progress: show a progress bar (on the first host).
 
   Returns:
     The results dict, also written to output_dir/results.json.
@@ -235,17 +187,36 @@ def run(
   encoded = inputs_lib.encode(texts, vocabulary, max_input_len, truncate_inputs)
   target_config = pair.model_config("target")
   _check_vocabulary(vocabulary, target_config)
-  draft_model = draft_params = None
   if draft == "t5":
     pair.check_same_vocab(target_config, pair.model_config("draft"))
-  target = pair.load_model("target")
+  mesh = partitioning.make_mesh()
+  if batch_size % mesh.shape["data"]:
+    raise ValueError(
+        f"run.batch_size {batch_size} does not split over the mesh's 'data' "
+        f"axis of {mesh.shape['data']} devices; set make_mesh.model_parallel "
+        "or make_mesh.num_devices, or the batch size"
+    )
+  draft_rules = partitioning.rules(replicate_model=replicate_draft)
+  target = pair.load_model("target", mesh)
+  draft_model = draft_params = None
   if draft == "t5":
-    loaded = pair.load_model("draft")
+    loaded = pair.load_model("draft", mesh, draft_rules)
     draft_model, draft_params = loaded.model, loaded.params
   elif draft in ("unigram", "bigram"):
-    draft_params = _ngram_params(
-        draft, ngram_corpus, vocabulary, target_config.vocab_size
+    draft_params = engine.place_ngram(
+        _ngram_params(
+            draft, ngram_corpus, vocabulary, target_config.vocab_size
+        ),
+        mesh,
     )
+  decoders = engine.Engine(
+      mesh,
+      target.model,
+      target.params,
+      draft_model,
+      draft_params,
+      draft_rules=draft_rules,
+  )
 
   baseline_time = speculative_time = 0.0
   rows = []
@@ -260,29 +231,26 @@ def run(
   )
   batches = list(inputs_lib.batches(encoded.tokens, batch_size))
   for index, (batch, num_real) in enumerate(
-      tqdm.tqdm(batches, desc="decoding", unit="batch", disable=not progress)
+      tqdm.tqdm(
+          batches,
+          desc="decoding",
+          unit="batch",
+          disable=not progress or jax.process_index() != 0,
+      )
   ):
     rng = jax.random.fold_in(jax.random.key(seed), index)
+    placed = decoders.place_inputs(batch)
     base, seconds = timing.timed(
-        lambda: _baseline(
-            target.model,
-            target.params,
-            batch,
-            rng,
-            max_decode_len=max_decode_len,
-            config=config,
+        lambda: decoders.baseline(
+            placed, rng, max_decode_len=max_decode_len, config=config
         ),
         timing_repeats,
         warm_up=index == 0,
     )
     baseline_time += seconds
     spec, seconds = timing.timed(
-        lambda: _speculative(
-            target.model,
-            target.params,
-            draft_model,
-            draft_params,
-            batch,
+        lambda: decoders.speculative(
+            placed,
             rng,
             gamma=gamma,
             max_decode_len=max_decode_len,
@@ -313,12 +281,7 @@ def run(
       )
 
   costs = measure_step_costs(
-      target,
-      draft_model,
-      draft_params,
-      jnp.asarray(batches[0][0]),
-      gamma,
-      max_decode_len,
+      decoders, decoders.place_inputs(batches[0][0]), gamma, max_decode_len
   )
   results = _results(
       totals,
@@ -330,7 +293,8 @@ def run(
       len(texts),
       encoded.num_truncated,
   )
-  _write(output_dir, rows, results)
+  if jax.process_index() == 0:
+    _write(output_dir, rows, results)
   return results
 
 

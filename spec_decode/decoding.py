@@ -110,7 +110,8 @@ def autoregressive_decode(
     max_decode_len: int,
     eos_id: int = 1,
     config: sampling.SamplingConfig = sampling.SamplingConfig(),
-) -> DecodeResult:
+    return_cache: bool = False,
+) -> DecodeResult | tuple[DecodeResult, Any]:
   """Samples from the target one token per call, starting from BOS.
 
   Args:
@@ -122,9 +123,11 @@ def autoregressive_decode(
     eos_id: A row stops after emitting this token (an id outside the
       vocabulary, such as -1, disables EOS).
     config: How logits become the sampling distribution.
+    return_cache: also return the final cache (see
+      `speculative.speculative_decode`).
 
   Returns:
-    A `DecodeResult`.
+    A `DecodeResult`, and with `return_cache` the cache.
   """
   check_decode_args(max_decode_len, eos_id)
   return _autoregressive_decode(
@@ -134,12 +137,20 @@ def autoregressive_decode(
       max_decode_len=max_decode_len,
       eos_id=eos_id,
       config=config,
+      return_cache=return_cache,
   )
 
 
-@jax.jit(static_argnames=("max_decode_len", "eos_id", "config"))
+@jax.jit(static_argnames=("max_decode_len", "eos_id", "config", "return_cache"))
 def _autoregressive_decode(
-    target_fn, cache, decode_rng, *, max_decode_len, eos_id, config
+    target_fn,
+    cache,
+    decode_rng,
+    *,
+    max_decode_len,
+    eos_id,
+    config,
+    return_cache,
 ):
   """`autoregressive_decode` after argument checks."""
   batch_size = cache.lengths.shape[0]
@@ -177,11 +188,12 @@ def _autoregressive_decode(
           cache=cache,
       ),
   )
-  return DecodeResult(
+  result = DecodeResult(
       sequences=mask_after_lengths(state.sequences, state.lengths),
       lengths=state.lengths,
       target_calls=state.lengths,
   )
+  return (result, state.cache) if return_cache else result
 
 
 def mask_after_lengths(sequences: jax.Array, lengths: jax.Array) -> jax.Array:

@@ -54,6 +54,10 @@ class NgramCache:
 
   lengths: jax.Array
 
+  def logical_axes(self):
+    """The cache's structure with each leaf's logical axes."""
+    return NgramCache(lengths=jax.sharding.PartitionSpec("cache_batch"))
+
 
 @flax.struct.dataclass
 class NgramModel:
@@ -67,6 +71,12 @@ class NgramModel:
 
   context_rows: jax.Array
   log_probs: jax.Array
+
+  def logical_axes(self):
+    """Replicated: the tables are small and every row reads any of them."""
+    return NgramModel(
+        jax.sharding.PartitionSpec(), jax.sharding.PartitionSpec()
+    )
 
   def init_cache(self, batch_size: int) -> NgramCache:
     return NgramCache(lengths=jnp.zeros((batch_size,), jnp.int32))
@@ -155,15 +165,13 @@ def ngram_draft(model: NgramModel, batch_size: int) -> Draft:
   return Draft(decode_fn=model, cache=model.init_cache(batch_size))
 
 
-def t5_draft(
+def t5_cache(
     model: t5.Transformer,
     params: Any,
     encoder_input_tokens: jax.Array,
     max_length: int,
-) -> Draft:
-  """A T5 decoder for a batch of inputs: encodes them, binds the params.
-
-  The same call sets up a T5 target.
+) -> t5.DecodeCache:
+  """Encodes a batch of inputs into an empty T5 decode cache.
 
   Args:
     model: The T5 module.
@@ -173,20 +181,35 @@ def t5_draft(
       speculative decoding, max_decode_len for the baseline.
 
   Returns:
-    A `Draft` with the model's decode function and an empty cache.
+    The cache, with lengths 0.
   """
   variables = {"params": params}
   encoded = model.apply(
       variables, encoder_input_tokens, method=t5.Transformer.encode
   )
-  cache = model.apply(
+  return model.apply(
       variables,
       encoded,
       encoder_input_tokens,
       max_length,
       method=t5.Transformer.init_cache,
   )
-  return Draft(decode_fn=t5.make_decode_fn(model, params), cache=cache)
+
+
+def t5_draft(
+    model: t5.Transformer,
+    params: Any,
+    encoder_input_tokens: jax.Array,
+    max_length: int,
+) -> Draft:
+  """A T5 decoder for a batch of inputs: `t5_cache` and the bound params.
+
+  The same call sets up a T5 target.
+  """
+  return Draft(
+      decode_fn=t5.make_decode_fn(model, params),
+      cache=t5_cache(model, params, encoder_input_tokens, max_length),
+  )
 
 
 def target_as_draft(target_fn: decoding.DecodeFn, target_cache: Any) -> Draft:

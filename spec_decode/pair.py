@@ -11,6 +11,7 @@ import gin
 import jax
 
 from spec_decode import checkpoints
+from spec_decode import partitioning
 from spec_decode.models import t5
 
 
@@ -43,11 +44,15 @@ def model_config(scope):
     return t5.T5Config()
 
 
-def load_model(scope):
+def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):
   """Builds the model configured under `scope` and loads its checkpoint.
 
   Args:
     scope: 'target' or 'draft'.
+    mesh: a device mesh to shard the parameters over as they are read (each
+      host reads only its devices' slices); None puts them on the default
+      device.
+    rules: the logical-axis rules that shard them.
 
   Returns:
     A LoadedModel.
@@ -59,15 +64,23 @@ def load_model(scope):
   config = model_config(scope)
   with gin.config_scope(scope):
     path = checkpoint_path()
+  shapes = t5.param_shapes(config)
   try:
+    shardings = None
+    if mesh is not None:
+      shardings = partitioning.shardings(
+          shapes, t5.param_logical_axes(config), mesh, rules
+      )
     params = checkpoints.load_params(
-        path, t5.param_shapes(config), dtype=config.activation_dtype
+        path, shapes, dtype=config.activation_dtype, shardings=shardings
     )
   except checkpoints.CheckpointError as e:
     raise ValueError(f"{scope} checkpoint: {e}") from e
-  return LoadedModel(
-      scope, config, t5.Transformer(config), jax.device_put(params)
-  )
+  except ValueError as e:
+    raise ValueError(f"{scope} parameter {e}") from e
+  if mesh is None:
+    params = jax.device_put(params)
+  return LoadedModel(scope, config, t5.Transformer(config), params)
 
 
 def check_same_vocab(target_config, draft_config):

@@ -14,9 +14,11 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 
 from spec_decode import checkpoints
 from spec_decode import compare
+from spec_decode import distributed
 from spec_decode import gin_config
 from spec_decode import report
 
@@ -43,11 +45,13 @@ def main(argv):
 
   try:
     gin_config.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
+    distributed.initialize_distributed()
     results = compare.run()
   except (ValueError, RuntimeError, OSError, checkpoints.CheckpointError) as e:
     print(f"error: {report.one_line(e)}", file=sys.stderr)
     sys.exit(1)
-  print(report.format_results(results))
+  if jax.process_index() == 0:
+    print(report.format_results(results))
 
 
 if __name__ == "__main__":

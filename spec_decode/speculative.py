@@ -250,7 +250,8 @@ def speculative_decode(
     max_decode_len: int,
     eos_id: int = 1,
     config: sampling.SamplingConfig = sampling.SamplingConfig(),
-) -> SpeculativeResult:
+    return_caches: bool = False,
+) -> SpeculativeResult | tuple[SpeculativeResult, Any, Any]:
   """Samples from the target, gamma drafted tokens per target call.
 
   One iteration, for every row b at once, with len = lengths[b]:
@@ -297,9 +298,11 @@ def speculative_decode(
       vocabulary, such as -1, disables EOS).
     config: How logits become the sampling distribution, for target and draft
       alike.
+    return_caches: also return the final target and draft caches, so that a
+      caller that donates the caches gets them back in the same memory.
 
   Returns:
-    A `SpeculativeResult`.
+    A `SpeculativeResult`, and with `return_caches` the two caches.
   """
   if not isinstance(gamma, int) or gamma < 1:
     raise ValueError(f"gamma must be an int >= 1, got {gamma!r}.")
@@ -314,6 +317,7 @@ def speculative_decode(
       max_decode_len=max_decode_len,
       eos_id=eos_id,
       config=config,
+      return_caches=return_caches,
   )
 
 
@@ -366,7 +370,15 @@ def _draft(
   return draft_tokens, draft_probs, draft_cache
 
 
-@jax.jit(static_argnames=("gamma", "max_decode_len", "eos_id", "config"))
+@jax.jit(
+    static_argnames=(
+        "gamma",
+        "max_decode_len",
+        "eos_id",
+        "config",
+        "return_caches",
+    )
+)
 def _speculative_decode(
     target_fn,
     draft_fn,
@@ -378,6 +390,7 @@ def _speculative_decode(
     max_decode_len,
     eos_id,
     config,
+    return_caches,
 ):
   """`speculative_decode` after argument checks."""
   batch_size = target_cache.lengths.shape[0]
@@ -490,7 +503,7 @@ def _speculative_decode(
   emitted = slice(1, max_decode_len + 1)
   positions = jnp.arange(max_decode_len)[None, :]  # [1, max_decode_len]
   emitted_mask = positions < state.lengths[:, None]  # [B, max_decode_len]
-  return SpeculativeResult(
+  result = SpeculativeResult(
       sequences=decoding.mask_after_lengths(
           state.history[:, emitted], state.lengths
       ),
@@ -502,3 +515,6 @@ def _speculative_decode(
       accepted_tokens=state.accepted_tokens,
       beta_sum=state.beta_sum,
   )
+  if return_caches:
+    return result, state.target_cache, state.draft_cache
+  return result

@@ -100,6 +100,8 @@ run.max_decode_len = 12
 run.timing_repeats = 1
 run.progress = False
 read_inputs.path = '{cls.tmp}/inputs.txt'
+# Rows split over 2 of the 8 simulated devices (tests/conftest.py).
+make_mesh.num_devices = 2
 """)
 
   def tearDown(self):
@@ -209,6 +211,17 @@ read_inputs.path = '{cls.tmp}/inputs.txt'
           "too_long",
           "run.max_input_len = 4",
           "input 1 has .* tokens .* more than max_input_len=4",
+      ),
+      (
+          "batch_over_mesh",
+          "make_mesh.num_devices = 4",
+          "run.batch_size 2 does not split over the mesh's 'data' axis of 4",
+      ),
+      (
+          "heads_over_model",
+          "make_mesh.num_devices = 8\nmake_mesh.model_parallel = 8",
+          "target parameter decoder/relpos_bias/rel_embedding: an axis of "
+          "size 2 cannot be split 8 ways over mesh axis 'model'",
       ),
   )
   def test_bad_input(self, binding, message):

@@ -38,6 +38,7 @@ import os
 from typing import Any
 
 from flax import traverse_util
+import jax
 import jax.numpy as jnp
 
 from spec_decode.checkpoints import hf
@@ -146,6 +147,7 @@ def load_params(
     path: str,
     expected: Mapping[str, Any],
     dtype: Any = jnp.float32,
+    shardings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
   """Loads a T5 checkpoint into the t5x parameter tree.
 
@@ -158,10 +160,15 @@ def load_params(
       no 'params' wrapper).
     dtype: the dtype of every floating-point parameter (jnp.float32 or
       jnp.bfloat16); None gives each parameter its `expected` leaf's dtype.
+    shardings: the same tree of jax.sharding.Sharding, to place each
+      parameter on devices as it is read. Each host then reads only the
+      slices its own devices hold (from zarr arrays and safetensors files;
+      a msgpack file with inline arrays is decoded whole), each slice once.
 
   Returns:
     Nested dicts with exactly the names of `expected`, of numpy arrays of the
-    same shapes, in `dtype`. Pass them as `{'params': tree}`.
+    same shapes (jax.Arrays, sharded, with `shardings`), in `dtype`. Pass
+    them as `{'params': tree}`.
 
   Raises:
     CheckpointFormatError: if nothing is at `path`, its format is unknown, or
@@ -189,8 +196,27 @@ def load_params(
       path,
       notes,
   )
+  if shardings is not None:
+    shardings = traverse_util.flatten_dict(shardings, sep="/")
   params = {}
   for name in wanted:
     leaf_dtype = dtype if dtype is not None else wanted[name].dtype
-    params[name] = leaves.pop(name).read(leaf_dtype)
+    leaf = leaves.pop(name)
+    if shardings is None:
+      params[name] = leaf.read(leaf_dtype)
+    else:
+      params[name] = _place(leaf, leaf_dtype, shardings[name])
   return traverse_util.unflatten_dict(params, sep="/")
+
+
+def _place(leaf, dtype, sharding):
+  """Reads one parameter shard by shard onto its devices (each slice once)."""
+  read = {}
+
+  def shard(index):
+    key = tuple((s.start, s.stop, s.step) for s in index)
+    if key not in read:
+      read[key] = leaf.read(dtype, index)
+    return read[key]
+
+  return jax.make_array_from_callback(leaf.shape, sharding, shard)

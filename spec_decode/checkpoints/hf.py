@@ -228,17 +228,27 @@ class HfTensor:
     """The t5x parameter's shape."""
     return self.stored_shape[::-1] if self.transpose else self.stored_shape
 
-  def read_stored(self) -> np.ndarray:
-    """The tensor as stored, [*stored_shape], in its stored dtype."""
+  def read_stored(self, index=()) -> np.ndarray:
+    """The tensor as stored, [*stored_shape][index], in its stored dtype."""
     if self.tensor is not None:
-      return _torch_to_numpy(self.tensor)
+      return _torch_to_numpy(self.tensor[index] if index else self.tensor)
     with safetensors.safe_open(self.file, framework="numpy") as f:
-      return f.get_tensor(self.name)
+      if not index:
+        return f.get_tensor(self.name)
+      return f.get_slice(self.name)[index]
 
-  def read(self, dtype=None) -> np.ndarray:
-    """The t5x parameter, [*shape], cast to `dtype` if given."""
-    array = self.read_stored()
-    return validate.cast(array.T if self.transpose else array, dtype)
+  def read(self, dtype=None, index=()) -> np.ndarray:
+    """The t5x parameter, [*shape][index], cast to `dtype` if given.
+
+    Args:
+      dtype: floating-point tensors are cast to it; None keeps the stored one.
+      index: a tuple of slices into the t5x parameter (a device's shard); only
+        that part is read from a safetensors file.
+    """
+    if not self.transpose:
+      return validate.cast(self.read_stored(tuple(index)), dtype)
+    index = tuple(index) + (slice(None),) * (len(self.shape) - len(index))
+    return validate.cast(self.read_stored(index[::-1]).T, dtype)
 
 
 def _list_file(file: str) -> dict[str, HfTensor]:

@@ -50,8 +50,8 @@ class InlineArray:
   def shape(self) -> tuple[int, ...]:
     return self.array.shape
 
-  def read(self, dtype=None) -> np.ndarray:
-    return validate.cast(self.array, dtype, copy=False)
+  def read(self, dtype=None, index=()) -> np.ndarray:
+    return validate.cast(self.array[index], dtype, copy=False)
 
 
 Leaf = InlineArray | tensorstore_leaf.StoredArray

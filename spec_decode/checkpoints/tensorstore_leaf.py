@@ -161,18 +161,20 @@ class StoredArray:
       return tuple(self.metadata["shape"])
     return tuple(self.open().shape)
 
-  def read(self, dtype=None) -> np.ndarray:
-    """Reads the whole array.
+  def read(self, dtype=None, index=()) -> np.ndarray:
+    """Reads the array, or only the chunks that `index` touches.
 
     Args:
       dtype: floating-point arrays are cast to it; None keeps the stored one.
+      index: a tuple of slices, one per leading axis (a device's shard); ()
+        reads everything.
 
     Returns:
-      The array, [*shape], of `dtype` (floating) or its stored dtype.
+      array[index], of `dtype` (floating) or its stored dtype.
     """
     array = self.open()
     try:
-      return validate.cast(array.read().result(), dtype, copy=False)
+      return validate.cast(array[index].read().result(), dtype, copy=False)
     except ValueError as e:
       raise validate.CheckpointFormatError(
           f"Cannot read array {self.location}: {_brief(e)}"

@@ -60,6 +60,21 @@ class DecodeCache:
   def max_length(self):
     return self.keys[0].shape[1]
 
+  def logical_axes(self):
+    """This cache's structure with each leaf's logical axes, a PartitionSpec."""
+    kv = jax.sharding.PartitionSpec(
+        "cache_batch", "cache_sequence", "cache_heads", "cache_kv"
+    )
+    per_layer = tuple(kv for _ in self.keys)
+    return DecodeCache(
+        keys=per_layer,
+        values=per_layer,
+        cross_keys=per_layer,
+        cross_values=per_layer,
+        encoder_mask=jax.sharding.PartitionSpec("cache_batch", None),
+        lengths=jax.sharding.PartitionSpec("cache_batch"),
+    )
+
 
 class EncoderLayer(nn.Module):
   """Self-attention and MLP, each pre-normed and residual."""
@@ -410,6 +425,10 @@ class BoundDecoder:
 
   model: Transformer = struct.field(pytree_node=False)
   params: Any
+
+  def logical_axes(self):
+    """The same structure with the parameters' logical axes."""
+    return BoundDecoder(self.model, param_logical_axes(self.model.config))
 
   def __call__(self, tokens, cache):
     """(int32 [B, T], cache) -> (float32 logits [B, T, V], cache)."""

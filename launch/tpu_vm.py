@@ -1,0 +1,566 @@
+r"""Runs spec_decode on a Cloud TPU VM: create, install, run, fetch, delete.
+
+  python launch/tpu_vm.py --config=v4-8 --dry_run
+  python launch/tpu_vm.py --config=v4-8 --project=my-project --delete_after
+  python launch/tpu_vm.py --config=v4-32 --output_dir=gs://my-bucket/runs \
+      --gin_bindings="target/checkpoint_path.path='gs://my-bucket/xxl_ende'"
+
+Each step is one or more gcloud commands, printed before they run (and only
+printed with --dry_run, which needs neither gcloud nor a project):
+
+  create   `gcloud compute tpus tpu-vm create` (accelerator type, runtime
+           version and zone from --config);
+  install  on every worker: Python 3.11, this repository (this working tree
+           packed and copied with scp, or a git clone of --repo), a virtualenv
+           with `pip install -e . "jax[tpu]==<setup.py's jax>"`;
+  run      on every worker at once (`ssh --worker=all`): `python -m
+           spec_decode.run` with the config's gin files, the mesh binding
+           `make_mesh.model_parallel`, `initialize_distributed.enabled` (True
+           on a slice of several hosts), `run.output_dir` and --gin_bindings;
+  fetch    worker 0's results to --output_dir (scp), or from worker 0 to a
+           gs:// --output_dir (`gcloud storage cp`);
+  delete   the TPU VM (with --delete_after, also when a step fails).
+
+A step that fails stops the launch with a one-line error, and so does a bad
+flag.
+"""
+
+import dataclasses
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+STEPS = ("create", "install", "run", "fetch", "delete")
+# On each worker, relative to the home directory.
+REMOTE_REPO = "spec_decode"
+REMOTE_VENV = "spec_decode_venv"
+REMOTE_TARBALL = "spec_decode.tar.gz"
+
+# Accelerator type prefix: (TPU software version, TensorCores per chip); the
+# versions from https://cloud.google.com/tpu/docs/runtimes. The number in
+# v4-N and v5p-N counts TensorCores (2 per chip, one JAX device per chip);
+# in v5litepod-N and v6e-N it counts chips.
+_GENERATIONS = {
+    "v4": ("tpu-ubuntu2204-base", 2),
+    "v5p": ("v2-alpha-tpuv5", 2),
+    "v5litepod": ("v2-alpha-tpuv5-lite", 1),
+    "v6e": ("v2-alpha-tpuv6e", 1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+  accelerator_type: str
+  zone: str
+  gin_files: tuple[str, ...]
+  description: str
+
+
+_PAPER_ENDE = ("configs/t5_1_1_xxl_small_ende.gin",)
+PRESETS = {
+    "v4-8": Preset(
+        "v4-8",
+        "us-central2-b",
+        _PAPER_ENDE,
+        "the paper's setup: T5 1.1 XXL target, T5 1.1 small draft, WMT En-De",
+    ),
+    "v5e-8": Preset(
+        "v5litepod-8",
+        "us-central1-a",
+        _PAPER_ENDE,
+        "the paper's pair on v5e (16 GiB a chip: the target is sharded)",
+    ),
+    "v4-32": Preset(
+        "v4-32",
+        "us-central2-b",
+        _PAPER_ENDE,
+        "a multi-host pod slice: 4 hosts, one jax.distributed job",
+    ),
+}
+
+_CONFIG = flags.DEFINE_string(
+    "config", None, f"Preset: one of {', '.join(PRESETS)}."
+)
+_PROJECT = flags.DEFINE_string(
+    "project", None, "Google Cloud project; gcloud's default when unset."
+)
+_ZONE = flags.DEFINE_string("zone", None, "Zone; the preset's when unset.")
+_NAME = flags.DEFINE_string(
+    "name", None, "TPU VM name; spec-decode-<config> when unset."
+)
+_ACCELERATOR_TYPE = flags.DEFINE_string(
+    "accelerator_type",
+    None,
+    "Accelerator type (v4-16, v5litepod-16, ...); the preset's when unset.",
+)
+_RUNTIME_VERSION = flags.DEFINE_string(
+    "runtime_version",
+    None,
+    "TPU software version; the one for the accelerator's generation when "
+    "unset.",
+)
+_SPOT = flags.DEFINE_bool("spot", False, "Create a Spot TPU VM (cheaper).")
+_GIN_FILES = flags.DEFINE_multi_string(
+    "gin_file",
+    None,
+    "Gin files, relative to the repository (or to configs/); the preset's "
+    "when unset.",
+)
+_GIN_BINDINGS = flags.DEFINE_multi_string(
+    "gin_bindings", [], "Extra gin bindings, applied after the launcher's."
+)
+_MODEL_PARALLEL = flags.DEFINE_integer(
+    "model_parallel",
+    None,
+    "make_mesh.model_parallel; every chip of the slice when unset.",
+)
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir",
+    str(ROOT / "results" / "tpu"),
+    "Where the results go, in <output_dir>/<name>/: a directory here (copied "
+    "from worker 0 with scp) or gs://bucket/path (copied there by worker 0).",
+)
+_REPO = flags.DEFINE_string(
+    "repo",
+    "local",
+    "'local' (this working tree, copied with scp) or a git URL to clone.",
+)
+_REF = flags.DEFINE_string(
+    "ref", None, "With a git --repo: the branch, tag or commit to check out."
+)
+_PYTHON = flags.DEFINE_string(
+    "python", "python3.11", "The workers' Python; apt-installed if missing."
+)
+_STEPS = flags.DEFINE_list(
+    "steps",
+    ["create", "install", "run", "fetch"],
+    f"Steps to take, in this order: {', '.join(STEPS)}.",
+)
+_DELETE_AFTER = flags.DEFINE_bool(
+    "delete_after",
+    False,
+    "Delete the TPU VM at the end, and when a step fails.",
+)
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Print the commands instead of running them."
+)
+
+
+class LaunchError(ValueError):
+  """A bad flag or a failed step: reported as one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  step: str
+  argv: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+  hosts: int
+  chips: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  header: tuple[str, ...]
+  commands: tuple[Command, ...]
+  hosts: int
+
+
+def topology(accelerator_type):
+  """The hosts and chips (JAX devices) of an accelerator type."""
+  match = re.fullmatch(r"(v4|v5p|v5litepod|v6e)-(\d+)", accelerator_type)
+  if not match:
+    raise LaunchError(
+        f"unknown accelerator type {accelerator_type!r}: expected "
+        f"{'|'.join(_GENERATIONS)}-<count>, e.g. v4-8 or v5litepod-8"
+    )
+  generation, count = match[1], int(match[2])
+  cores_per_chip = _GENERATIONS[generation][1]
+  chips = count // cores_per_chip
+  if count < 1 or count % cores_per_chip:
+    raise LaunchError(f"bad accelerator type {accelerator_type!r}")
+  if cores_per_chip == 2:  # v4, v5p: 4 chips a host.
+    hosts = max(1, chips // 4)
+  else:  # v5e, v6e: up to 8 chips on one host, 4 a host beyond.
+    hosts = 1 if chips <= 8 else chips // 4
+  return Slice(hosts=hosts, chips=chips)
+
+
+def jax_version():
+  """setup.py's jax pin: the workers install jax[tpu] at exactly it."""
+  setup = (ROOT / "setup.py").read_text()
+  jax_pin = re.search(r"[\"']jax==([^\"']+)[\"']", setup)
+  jaxlib_pin = re.search(r"[\"']jaxlib==([^\"']+)[\"']", setup)
+  if not jax_pin or not jaxlib_pin or jax_pin[1] != jaxlib_pin[1]:
+    raise LaunchError("setup.py must pin jax and jaxlib to the same version")
+  return jax_pin[1]
+
+
+def quote(arg):
+  """Quotes for a POSIX shell, preferring double quotes for readability.
+
+  Args:
+    arg: one argument.
+
+  Returns:
+    `arg` as it reads back from `shlex.split` and from bash alike.
+  """
+  if re.fullmatch(r"[\w@%+=:,./-]+", arg):
+    return arg
+  if re.search(r"[$`!]", arg):  # Special inside double quotes.
+    return shlex.quote(arg)
+  return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def join(argv):
+  """A command line: `--flag=value` quotes only the value."""
+  words = []
+  for arg in argv:
+    match = re.fullmatch(r"(--[\w-]+=)(.*)", arg, re.DOTALL)
+    words.append(match[1] + quote(match[2]) if match else quote(arg))
+  return " ".join(words)
+
+
+def _gcloud_where(zone, project):
+  return [f"--zone={zone}"] + ([f"--project={project}"] if project else [])
+
+
+def _ssh(name, where, worker, command):
+  return (
+      "gcloud",
+      "compute",
+      "tpus",
+      "tpu-vm",
+      "ssh",
+      name,
+      *where,
+      f"--worker={worker}",
+      f"--command={command}",
+  )
+
+
+def _check_gin_files(gin_files, repo):
+  for gin_file in gin_files:
+    if pathlib.PurePath(gin_file).is_absolute():
+      raise LaunchError(
+          f"gin file {gin_file!r}: give it relative to the repository (the "
+          "workers have the repository, not this machine's files)"
+      )
+    if repo == "local" and not any(
+        (base / gin_file).is_file() for base in (ROOT, ROOT / "configs")
+    ):
+      raise LaunchError(f"gin file {gin_file!r} is not in {ROOT} or configs/")
+
+
+def plan(
+    config,
+    *,
+    project=None,
+    zone=None,
+    name=None,
+    accelerator_type=None,
+    runtime_version=None,
+    spot=False,
+    gin_files=None,
+    gin_bindings=(),
+    model_parallel=None,
+    output_dir="results/tpu",
+    repo="local",
+    ref=None,
+    python="python3.11",
+    steps=("create", "install", "run", "fetch"),
+    delete_after=False,
+):
+  """The commands of a launch, in order.
+
+  Args:
+    config: a key of PRESETS.
+    project: the Google Cloud project; gcloud's default when None.
+    zone: the zone; the preset's when None.
+    name: the TPU VM's name; spec-decode-<config> when None.
+    accelerator_type: the preset's when None.
+    runtime_version: the TPU software version; the generation's when None.
+    spot: create a Spot TPU VM.
+    gin_files: the run's gin files; the preset's when None.
+    gin_bindings: extra bindings, after the launcher's own.
+    model_parallel: make_mesh.model_parallel; all chips when None.
+    output_dir: a local directory or gs:// path; results go in
+      <output_dir>/<name>.
+    repo: 'local' (this working tree) or a git URL.
+    ref: with a git repo, what to check out.
+    python: the workers' Python.
+    steps: which of STEPS to take.
+    delete_after: add the delete step.
+
+  Returns:
+    A Plan: comment lines that say what runs where, and the commands.
+
+  Raises:
+    LaunchError: a bad argument, in one line.
+  """
+  if config not in PRESETS:
+    raise LaunchError(
+        f"unknown --config {config!r}: one of {', '.join(PRESETS)}"
+    )
+  preset = PRESETS[config]
+  zone = zone or preset.zone
+  name = name or f"spec-decode-{config}"
+  if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+    raise LaunchError(
+        f"bad TPU name {name!r}: lowercase letters, digits and hyphens, "
+        "starting with a letter, at most 63"
+    )
+  accelerator_type = accelerator_type or preset.accelerator_type
+  tpu = topology(accelerator_type)
+  generation = accelerator_type.split("-")[0]
+  runtime_version = runtime_version or _GENERATIONS[generation][0]
+  if model_parallel is None:
+    model_parallel = tpu.chips
+  if model_parallel < 1 or tpu.chips % model_parallel:
+    raise LaunchError(
+        f"--model_parallel={model_parallel} must divide the {tpu.chips} chips "
+        f"of {accelerator_type}"
+    )
+  gin_files = list(gin_files or preset.gin_files)
+  _check_gin_files(gin_files, repo)
+  if repo != "local" and not re.fullmatch(r"(https://|git@|ssh://).+", repo):
+    raise LaunchError(f"--repo must be 'local' or a git URL, got {repo!r}")
+  if not re.fullmatch(r"python[\d.]*", python):
+    raise LaunchError(f"--python must be like python3.11, got {python!r}")
+  if ref and repo == "local":
+    raise LaunchError("--ref needs a git --repo")
+  unknown = [s for s in steps if s not in STEPS]
+  if unknown or not steps:
+    raise LaunchError(
+        f"bad --steps {','.join(steps)}: a list of {', '.join(STEPS)}"
+    )
+  steps = set(steps) | ({"delete"} if delete_after else set())
+  to_gcs = output_dir.startswith("gs://")
+  if not to_gcs:
+    output_dir = os.path.expanduser(output_dir)
+
+  where = _gcloud_where(zone, project)
+  tpu_vm = ("gcloud", "compute", "tpus", "tpu-vm")
+  run_output_dir = f"results/{name}"  # On each worker, in the repository.
+  remote_results = f"{REMOTE_REPO}/{run_output_dir}"
+  commands = []
+  if "create" in steps:
+    commands.append(
+        Command(
+            "create",
+            (
+                *tpu_vm,
+                "create",
+                name,
+                *where,
+                f"--accelerator-type={accelerator_type}",
+                f"--version={runtime_version}",
+                *(["--spot"] if spot else []),
+            ),
+        )
+    )
+  if "install" in steps:
+    # The Ubuntu 22.04 images have Python 3.10; spec_decode needs 3.11.
+    setup = [
+        f'{{ {python} -c "import ensurepip" 2>/dev/null || {{ sudo apt-get '
+        "update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install "
+        f"-y -qq {python} {python}-venv; }}; }}",
+        f"rm -rf ~/{REMOTE_REPO}",
+    ]
+    if repo == "local":
+      tarball = str(pathlib.Path(tempfile.gettempdir()) / f"{name}.tar.gz")
+      # Tracked and untracked files, less what .gitignore ignores.
+      pack = (
+          f"git -C {shlex.quote(str(ROOT))} ls-files -z --cached --others "
+          f"--exclude-standard | tar -czf {shlex.quote(tarball)} -C "
+          f"{shlex.quote(str(ROOT))} --null -T -"
+      )
+      commands.append(
+          Command("install", ("bash", "-o", "pipefail", "-c", pack))
+      )
+      commands.append(
+          Command(
+              "install",
+              (
+                  *tpu_vm,
+                  "scp",
+                  tarball,
+                  f"{name}:{REMOTE_TARBALL}",
+                  *where,
+                  "--worker=all",
+              ),
+          )
+      )
+      setup += [
+          f"mkdir -p ~/{REMOTE_REPO}",
+          f"tar -xzf ~/{REMOTE_TARBALL} -C ~/{REMOTE_REPO}",
+      ]
+    else:
+      setup.append(f"git clone --quiet {shlex.quote(repo)} ~/{REMOTE_REPO}")
+      if ref:
+        setup.append(
+            f"git -C ~/{REMOTE_REPO} checkout --quiet {shlex.quote(ref)}"
+        )
+    jax_tpu = quote(f"jax[tpu]=={jax_version()}")
+    setup += [
+        f"{python} -m venv ~/{REMOTE_VENV}",
+        f"~/{REMOTE_VENV}/bin/pip install --quiet --upgrade pip",
+        f"~/{REMOTE_VENV}/bin/pip install --quiet -e ~/{REMOTE_REPO} "
+        f"{jax_tpu}",
+    ]
+    commands.append(
+        Command("install", _ssh(name, where, "all", " && ".join(setup)))
+    )
+  if "run" in steps:
+    multi_host = tpu.hosts > 1
+    run_args = [f"--gin_file={f}" for f in gin_files] + [
+        f"--gin_bindings={b}"
+        for b in [
+            f"make_mesh.model_parallel={model_parallel}",
+            f"initialize_distributed.enabled={multi_host}",
+            f"run.output_dir='{run_output_dir}'",
+            *gin_bindings,
+        ]
+    ]
+    run = (
+        f"cd ~/{REMOTE_REPO} && ~/{REMOTE_VENV}/bin/python -m spec_decode.run "
+        + join(run_args)
+    )
+    commands.append(Command("run", _ssh(name, where, "all", run)))
+  if "fetch" in steps:
+    if to_gcs:
+      copy = (
+          f"gcloud storage cp --recursive ~/{remote_results} "
+          f"{shlex.quote(output_dir.rstrip('/') + '/')}"
+      )
+      commands.append(Command("fetch", _ssh(name, where, "0", copy)))
+    else:
+      commands.append(Command("fetch", ("mkdir", "-p", output_dir)))
+      commands.append(
+          Command(
+              "fetch",
+              (
+                  *tpu_vm,
+                  "scp",
+                  "--recurse",
+                  f"{name}:{remote_results}",
+                  output_dir,
+                  *where,
+                  "--worker=0",
+              ),
+          )
+      )
+  if "delete" in steps:
+    commands.append(
+        Command("delete", (*tpu_vm, "delete", name, *where, "--quiet"))
+    )
+
+  results = f"{output_dir.rstrip('/')}/{name}"
+  header = [
+      f"# {config}: {preset.description}.",
+      f"# {name}: {accelerator_type} ({tpu.hosts} host"
+      f"{'s' if tpu.hosts > 1 else ''}, {tpu.chips} chips), {runtime_version},"
+      f" {zone}, project {project or '(gcloud default)'}.",
+      f"# Mesh: model_parallel={model_parallel}, "
+      f"data={tpu.chips // model_parallel}; results in {results}/.",
+  ]
+  return Plan(tuple(header), tuple(commands), tpu.hosts)
+
+
+def _describe(step, hosts):
+  return {
+      "create": "# create: the TPU VM (billed from now until deleted)",
+      "install": "# install: spec_decode and jax[tpu] on every worker",
+      "run": (
+          "# run: spec_decode.run on the worker"
+          if hosts == 1
+          else f"# run: spec_decode.run on all {hosts} workers at once, one "
+          "jax.distributed job"
+      ),
+      "fetch": "# fetch: worker 0's results",
+      "delete": "# delete: the TPU VM",
+  }[step]
+
+
+def _print_plan(launch):
+  for line in launch.header:
+    print(line)
+  step = None
+  for command in launch.commands:
+    if command.step != step:
+      step = command.step
+      print(_describe(step, launch.hosts))
+    print(join(command.argv))
+
+
+def _execute(commands, delete_after):
+  """Runs the commands in order; a failure deletes the VM if asked."""
+  if shutil.which("gcloud") is None:
+    raise LaunchError(
+        "gcloud is not on PATH: install the Google Cloud CLI "
+        "(https://cloud.google.com/sdk/docs/install), or pass --dry_run"
+    )
+  deletes = [c for c in commands if c.step == "delete"]
+  for command in commands:
+    print(f"+ {join(command.argv)}", file=sys.stderr, flush=True)
+    returncode = subprocess.run(command.argv, check=False).returncode
+    if returncode:
+      # A failed create may mean that the name is taken: leave that VM be.
+      if delete_after and command.step not in ("create", "delete"):
+        for delete in deletes:
+          print(f"+ {join(delete.argv)}", file=sys.stderr, flush=True)
+          subprocess.run(delete.argv, check=False)
+      raise LaunchError(
+          f"{command.step} failed (exit status {returncode}): "
+          f"{join(command.argv)}"
+      )
+
+
+def main(argv):
+  if len(argv) > 1:
+    print(f"error: unexpected arguments: {argv[1:]}", file=sys.stderr)
+    sys.exit(1)
+  try:
+    if _CONFIG.value is None:
+      raise LaunchError(f"--config is required: one of {', '.join(PRESETS)}")
+    launch = plan(
+        _CONFIG.value,
+        project=_PROJECT.value,
+        zone=_ZONE.value,
+        name=_NAME.value,
+        accelerator_type=_ACCELERATOR_TYPE.value,
+        runtime_version=_RUNTIME_VERSION.value,
+        spot=_SPOT.value,
+        gin_files=_GIN_FILES.value,
+        gin_bindings=_GIN_BINDINGS.value,
+        model_parallel=_MODEL_PARALLEL.value,
+        output_dir=_OUTPUT_DIR.value,
+        repo=_REPO.value,
+        ref=_REF.value,
+        python=_PYTHON.value,
+        steps=_STEPS.value,
+        delete_after=_DELETE_AFTER.value,
+    )
+    if _DRY_RUN.value:
+      _print_plan(launch)
+      return
+    _execute(launch.commands, _DELETE_AFTER.value)
+  except (LaunchError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

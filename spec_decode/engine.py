@@ -1,0 +1,232 @@
+"""The compiled, sharded decoders of a target/draft pair on one device mesh.
+
+Each decode is two compiled calls:
+
+1. set-up: encode a batch and create the decode caches. Their shardings come
+   from `jax.eval_shape` and the caches' logical axes, and are the call's
+   out_shardings, so every cache is created in place, sharded;
+2. the loop (`decoding.autoregressive_decode` or
+   `speculative.speculative_decode`), with in_shardings from its arguments,
+   replicated out_shardings for the result (every host can read it), and
+   the caches donated: the loop carries them in place and returns them in
+   the same memory, so no copy of a cache is made.
+
+Target and draft share the mesh; each has its own rules (a small draft may
+be replicated over 'model'). Inputs are fed per host (`partitioning.place`).
+"""
+
+import functools
+import jax
+import numpy as np
+
+from spec_decode import decoding
+from spec_decode import drafts
+from spec_decode import inputs as inputs_lib
+from spec_decode import partitioning
+from spec_decode import speculative
+from spec_decode.models import t5
+
+_INPUT_AXES = jax.sharding.PartitionSpec("batch", "length")
+
+
+class Engine:
+  """Baseline and speculative decoding of one pair on one mesh.
+
+  Attributes:
+    mesh: the device mesh.
+    target_model, target_params: the target T5 and its (sharded) parameters.
+    draft_model, draft_params: a T5 draft and its parameters; or None and an
+      `drafts.NgramModel`; or None and None for the target as its own draft.
+    target_rules, draft_rules: each model's logical-axis rules.
+  """
+
+  def __init__(
+      self,
+      mesh,
+      target_model,
+      target_params,
+      draft_model=None,
+      draft_params=None,
+      target_rules=partitioning.LOGICAL_AXIS_RULES,
+      draft_rules=partitioning.LOGICAL_AXIS_RULES,
+  ):
+    self.mesh = mesh
+    self.target_model = target_model
+    self.target_params = target_params
+    self.draft_model = draft_model
+    self.draft_params = draft_params
+    self.target_rules = target_rules
+    self.draft_rules = draft_rules
+    self._compiled = {}
+
+  def place_inputs(self, inputs: np.ndarray) -> jax.Array:
+    """int32 [B, S] host inputs -> rows split over 'data' (B must divide)."""
+    sharding = partitioning.shardings(
+        jax.ShapeDtypeStruct(inputs.shape, inputs.dtype),
+        _INPUT_AXES,
+        self.mesh,
+        self.target_rules,
+    )
+    return partitioning.place(inputs, sharding)
+
+  def baseline(self, inputs, rng, *, max_decode_len, config):
+    """`decoding.autoregressive_decode` of the target on placed inputs."""
+    target_fn, cache = self.setup("target", inputs, max_decode_len)
+    args = (target_fn, cache, self._place_key(rng))
+    return self._loop(
+        _baseline_loop,
+        args,
+        donate=(1,),
+        max_decode_len=max_decode_len,
+        config=config,
+    )
+
+  def speculative(self, inputs, rng, *, gamma, max_decode_len, config):
+    """`speculative.speculative_decode` of the pair on placed inputs."""
+    capacity = max_decode_len + gamma + 1
+    target_fn, target_cache = self.setup("target", inputs, capacity)
+    draft_fn, draft_cache = self.setup("draft", inputs, capacity)
+    args = (target_fn, draft_fn, target_cache, draft_cache)
+    args += (self._place_key(rng),)
+    return self._loop(
+        _speculative_loop,
+        args,
+        donate=(2, 3),
+        gamma=gamma,
+        max_decode_len=max_decode_len,
+        config=config,
+    )
+
+  def setup(self, which, inputs, capacity) -> drafts.Draft:
+    """A model's decode function and a fresh, sharded cache for `inputs`.
+
+    Args:
+      which: 'target' or 'draft'.
+      inputs: int32 [B, S] placed inputs.
+      capacity: the cache's positions.
+
+    Returns:
+      The Draft (decode function and empty cache).
+    """
+    if which == "target" or self.draft_params is None:
+      # The target as its own draft gets a cache of its own, so that the
+      # loop can donate both.
+      return drafts.Draft(
+          t5.make_decode_fn(self.target_model, self.target_params),
+          self._t5_cache("target", inputs, capacity),
+      )
+    if self.draft_model is None:
+      ngram = self.draft_params
+      return drafts.Draft(ngram, self._ngram_cache(inputs.shape[0]))
+    return drafts.Draft(
+        t5.make_decode_fn(self.draft_model, self.draft_params),
+        self._t5_cache("draft", inputs, capacity),
+    )
+
+  def _t5_cache(self, which, inputs, capacity):
+    model, params, rules = (
+        (self.target_model, self.target_params, self.target_rules)
+        if which == "target"
+        else (self.draft_model, self.draft_params, self.draft_rules)
+    )
+    key = ("cache", which, inputs.shape, capacity)
+    if key not in self._compiled:
+      make = functools.partial(drafts.t5_cache, model, max_length=capacity)
+      with partitioning.active(self.mesh, rules):
+        shapes = jax.eval_shape(make, params, inputs)
+        out_shardings = partitioning.shardings(
+            shapes, shapes.logical_axes(), self.mesh, rules
+        )
+      self._compiled[key] = jax.jit(make, out_shardings=out_shardings)
+    with partitioning.active(self.mesh, rules):
+      return self._compiled[key](params, inputs)
+
+  def _ngram_cache(self, batch_size):
+    cache = self.draft_params.init_cache(batch_size)
+    sharding = partitioning.shardings(
+        cache, cache.logical_axes(), self.mesh, self.draft_rules
+    )
+    return jax.tree.map(partitioning.place, cache, sharding)
+
+  def _place_key(self, rng):
+    """The PRNG key's data, replicated: uint32 [2] for threefry."""
+    return partitioning.place(
+        jax.random.key_data(rng), partitioning.replicated(self.mesh)
+    )
+
+  def _loop(self, decode, args, donate, **static):
+    """decode(*args, **static) compiled with the arguments' shardings.
+
+    Args:
+      decode: the loop function.
+      args: its array arguments (pytrees).
+      donate: the positions in args of the caches, donated.
+      **static: its static keyword arguments.
+
+    Returns:
+      The loop's result, replicated over the mesh.
+    """
+    leaves, treedef = jax.tree.flatten(args)
+    key = (decode, treedef, tuple(sorted(static.items())))
+    key += tuple((x.shape, str(x.dtype)) for x in leaves)
+    if key not in self._compiled:
+      in_shardings = jax.tree.map(lambda x: x.sharding, args)
+      self._compiled[key] = jax.jit(
+          functools.partial(decode, **static),
+          in_shardings=in_shardings,
+          # The result, then the final caches in the donated caches' memory.
+          out_shardings=(partitioning.replicated(self.mesh),)
+          + tuple(in_shardings[i] for i in donate),
+          donate_argnums=donate,
+      )
+    with partitioning.active(self.mesh, self.target_rules):
+      return self._compiled[key](*args)[0]
+
+
+def _baseline_loop(target_fn, cache, key_data, *, max_decode_len, config):
+  return decoding.autoregressive_decode(
+      target_fn,
+      cache,
+      jax.random.wrap_key_data(key_data),
+      max_decode_len=max_decode_len,
+      eos_id=inputs_lib.EOS_ID,
+      config=config,
+      return_cache=True,
+  )
+
+
+def _speculative_loop(
+    target_fn,
+    draft_fn,
+    target_cache,
+    draft_cache,
+    key_data,
+    *,
+    gamma,
+    max_decode_len,
+    config,
+):
+  return speculative.speculative_decode(
+      target_fn,
+      draft_fn,
+      target_cache,
+      draft_cache,
+      jax.random.wrap_key_data(key_data),
+      gamma=gamma,
+      max_decode_len=max_decode_len,
+      eos_id=inputs_lib.EOS_ID,
+      config=config,
+      return_caches=True,
+  )
+
+
+def place_ngram(ngram, mesh) -> drafts.NgramModel:
+  """An n-gram draft's tables, replicated on every device of `mesh`."""
+  replicated = partitioning.replicated(mesh)
+  return jax.tree.map(lambda x: partitioning.place(x, replicated), ngram)
+
+
+def place_params(params, logical_axes, mesh, rules):
+  """Host parameters (the same on every host) onto `mesh`, sharded."""
+  sharding = partitioning.shardings(params, logical_axes, mesh, rules)
+  return jax.tree.map(partitioning.place, params, sharding)

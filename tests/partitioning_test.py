@@ -1,0 +1,238 @@
+"""Sharded decoding on 8 simulated CPU devices (see conftest.py).
+
+On every mesh the decoders emit the tokens of one device, greedy and sampled
+with the same seed; parameters, caches and inputs are placed as the rules
+say; a sharded checkpoint load reads each shard's slice once.
+"""
+
+import os
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+from jax.sharding import PartitionSpec as P
+import numpy as np
+
+from spec_decode import checkpoints
+from spec_decode import engine
+from spec_decode import partitioning
+from spec_decode import sampling
+from spec_decode.checkpoints import tensorstore_leaf
+from spec_decode.models import t5
+
+MESHES = ((8, 1), (1, 8), (2, 4), (4, 2))
+MAX_DECODE_LEN = 12
+GAMMA = 3
+# Every sharded dimension divides by 8: heads, mlp, vocab, joined_kv.
+TARGET = t5.T5Config(
+    vocab_size=64,
+    emb_dim=16,
+    num_heads=8,
+    head_dim=4,
+    mlp_dim=32,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+)
+DRAFT = t5.T5Config(
+    vocab_size=64,
+    emb_dim=8,
+    num_heads=8,
+    head_dim=2,
+    mlp_dim=16,
+    num_encoder_layers=1,
+    num_decoder_layers=1,
+)
+DEMO_TARGET = os.path.join(
+    os.path.dirname(__file__), os.pardir, "spec_decode", "demo", "target"
+)
+
+
+def make_engine(mesh_shape, params, draft_params, replicate_draft=False):
+  mesh = partitioning.make_mesh(
+      model_parallel=mesh_shape[1], num_devices=mesh_shape[0] * mesh_shape[1]
+  )
+  draft_rules = partitioning.rules(replicate_model=replicate_draft)
+  return engine.Engine(
+      mesh,
+      t5.Transformer(TARGET),
+      engine.place_params(
+          params, t5.param_logical_axes(TARGET), mesh, partitioning.rules()
+      ),
+      t5.Transformer(DRAFT),
+      engine.place_params(
+          draft_params, t5.param_logical_axes(DRAFT), mesh, draft_rules
+      ),
+      draft_rules=draft_rules,
+  )
+
+
+def decode(decoders, rows):
+  """Baseline and speculative sequences, greedy and sampled."""
+  placed = decoders.place_inputs(rows)
+  outputs = {}
+  for temperature in (0.0, 1.0):
+    config = sampling.SamplingConfig(temperature)
+    rng = jax.random.key(3)
+    baseline = decoders.baseline(
+        placed, rng, max_decode_len=MAX_DECODE_LEN, config=config
+    )
+    spec = decoders.speculative(
+        placed, rng, gamma=GAMMA, max_decode_len=MAX_DECODE_LEN, config=config
+    )
+    outputs[temperature] = (
+        np.asarray(baseline.sequences),
+        np.asarray(spec.sequences),
+    )
+  return outputs
+
+
+def inputs():
+  """int32 [8, 7] inputs, rows of different lengths."""
+  rows = np.random.default_rng(0).integers(2, 64, (8, 7))
+  rows[1::2, 5:] = 0
+  return rows.astype(np.int32)
+
+
+class ShardedDecodingTest(parameterized.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.params = jax.device_get(t5.init_params(TARGET, jax.random.key(0)))
+    cls.draft_params = jax.device_get(t5.init_params(DRAFT, jax.random.key(1)))
+    cls.inputs = inputs()
+    cls.reference = decode(
+        make_engine((1, 1), cls.params, cls.draft_params), cls.inputs
+    )
+
+  def test_reference_is_lossless_and_varied(self):
+    baseline, spec = self.reference[0.0]
+    np.testing.assert_array_equal(baseline, spec)
+    # Sampling differs from greedy, so the sampled comparison means something.
+    self.assertFalse(np.array_equal(self.reference[1.0][0], baseline))
+
+  @parameterized.parameters(*MESHES)
+  def test_same_tokens_as_one_device(self, data, model):
+    outputs = decode(
+        make_engine((data, model), self.params, self.draft_params), self.inputs
+    )
+    for temperature, (baseline, spec) in outputs.items():
+      with self.subTest(temperature=temperature):
+        np.testing.assert_array_equal(baseline, self.reference[temperature][0])
+        np.testing.assert_array_equal(spec, self.reference[temperature][1])
+
+  def test_replicated_draft_gives_the_same_tokens(self):
+    outputs = decode(
+        make_engine(
+            (2, 4), self.params, self.draft_params, replicate_draft=True
+        ),
+        self.inputs,
+    )
+    for temperature, (_, spec) in outputs.items():
+      np.testing.assert_array_equal(spec, self.reference[temperature][1])
+
+  def test_parameter_cache_and_input_shardings_follow_the_rules(self):
+    decoders = make_engine((2, 4), self.params, self.draft_params, True)
+    mesh = decoders.mesh
+    self.assertEqual(dict(mesh.shape), {"data": 2, "model": 4})
+    params = decoders.target_params
+    expected = {
+        "token_embedder/embedding": P("model", None),  # vocab, embed
+        "decoder/layers_0/self_attention/query/kernel": P(None, "model"),
+        "decoder/layers_0/self_attention/out/kernel": P("model", None),
+        "decoder/layers_0/mlp/wi_0/kernel": P(None, "model"),
+        "decoder/layers_0/mlp/wo/kernel": P("model", None),
+        "decoder/relpos_bias/rel_embedding": P("model", None),  # heads, buckets
+        "decoder/logits_dense/kernel": P(None, "model"),
+        "decoder/decoder_norm/scale": P(None),
+    }
+    for name, spec in expected.items():
+      leaf = params
+      for key in name.split("/"):
+        leaf = leaf[key]
+      self.assertEqual(leaf.sharding.spec, spec, name)
+      self.assertEqual(leaf.sharding.mesh.shape, mesh.shape)
+    # The replicated draft keeps whole copies.
+    for leaf in jax.tree.leaves(decoders.draft_params):
+      self.assertTrue(leaf.sharding.is_fully_replicated)
+
+    inputs = decoders.place_inputs(self.inputs)
+    self.assertEqual(inputs.sharding.spec, P("data", None))
+    cache = decoders.setup("target", inputs, 16).cache
+    for keys in cache.keys + cache.values + cache.cross_keys:
+      self.assertEqual(keys.sharding.spec, P("data", None, "model", None))
+    self.assertEqual(cache.lengths.sharding.spec, P("data"))
+    self.assertEqual(cache.encoder_mask.sharding.spec, P("data", None))
+    draft_cache = decoders.setup("draft", inputs, 16).cache
+    self.assertEqual(
+        draft_cache.keys[0].sharding.spec, P("data", None, None, None)
+    )
+
+  def test_indivisible_axis_is_a_one_line_error(self):
+    mesh = partitioning.make_mesh(model_parallel=8)
+    config = t5.T5Config(vocab_size=64, emb_dim=8, num_heads=2, head_dim=4)
+    with self.assertRaisesRegex(
+        ValueError,
+        r"^decoder/relpos_bias/rel_embedding: an axis of size 2 cannot be "
+        r"split 8 ways over mesh axis 'model'",
+    ):
+      partitioning.shardings(
+          t5.param_shapes(config), t5.param_logical_axes(config), mesh
+      )
+
+
+class ShardedLoadTest(absltest.TestCase):
+
+  def test_each_host_reads_only_its_shards(self):
+    config = t5.T5Config(
+        vocab_size=4096,
+        emb_dim=256,
+        num_heads=4,
+        head_dim=64,
+        mlp_dim=1024,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        mlp_activations=("gelu", "linear"),
+        logits_via_embedding=False,
+    )  # configs/models/demo_target.gin
+    mesh = partitioning.make_mesh(model_parallel=4)  # (2, 4)
+    shapes = t5.param_shapes(config)
+    shardings = partitioning.shardings(
+        shapes, t5.param_logical_axes(config), mesh
+    )
+    reads = []
+    read = tensorstore_leaf.StoredArray.read
+
+    def recording_read(leaf, dtype=None, index=()):
+      reads.append(
+          (leaf.location, tuple((s.start, s.stop, s.step) for s in index))
+      )
+      return read(leaf, dtype, index)
+
+    tensorstore_leaf.StoredArray.read = recording_read
+    try:
+      sharded = checkpoints.load_params(DEMO_TARGET, shapes, None, shardings)
+    finally:
+      tensorstore_leaf.StoredArray.read = read
+    whole = checkpoints.load_params(DEMO_TARGET, shapes, None)
+
+    self.assertLen(reads, len(set(reads)))  # No slice is read twice.
+    by_leaf = {}
+    for location, index in reads:
+      by_leaf.setdefault(location.split("/")[-1], []).append(index)
+    wi = by_leaf["target.decoder.layers_0.mlp.wi_0.kernel"]
+    self.assertEqual(
+        sorted(index[1][:2] for index in wi),
+        [(0, 256), (256, 512), (512, 768), (768, 1024)],
+    )
+    self.assertLen(by_leaf["target.decoder.decoder_norm.scale"], 1)
+    for got, want in zip(jax.tree.leaves(sharded), jax.tree.leaves(whole)):
+      np.testing.assert_array_equal(np.asarray(got), want)
+    for got, sharding in zip(
+        jax.tree.leaves(sharded), jax.tree.leaves(shardings)
+    ):
+      self.assertEqual(got.sharding, sharding)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,458 @@
+"""The paper's Table 2 in miniature: speedups against gamma, and Theorem 3.8.
+
+Leviathan, Kalman & Matias (ICML 2023), Table 2, reports for each task, draft
+and temperature the acceptance rate alpha and the measured speedup; section 3
+predicts the speedup from alpha and the cost ratio c (Theorem 3.8). `sweep`
+runs `compare.run` at every point of
+
+  tasks x temperatures x batch sizes x drafts x gammas
+
+(in that order, gamma innermost) and writes to its output_dir:
+
+- points/<point>/: each run's outputs, results and operative config;
+- table2.json: the sweep's gin files and bindings; every point's settings,
+  results and own bindings; and the best gamma of each (task, temperature,
+  batch size, draft), measured and by Theorem 3.8;
+- table2.md: the same as Markdown tables (what the benchmark prints);
+- table2.png: speedup against gamma, measured (solid) and Theorem 3.8's
+  (dashed), one line per draft, one panel per task, temperature and batch
+  size.
+
+A point is a run of `python -m spec_decode.run` with the sweep's files and
+bindings, then the point's own (its `bindings` in table2.json), so any point
+can be rerun alone.
+"""
+
+import collections.abc
+import dataclasses
+import itertools
+import json
+import pathlib
+import statistics
+import time
+
+import gin
+from matplotlib import figure
+from matplotlib import lines as mlines
+from matplotlib import ticker
+import seqio
+
+from spec_decode import analysis
+from spec_decode import checkpoints
+from spec_decode import compare
+from spec_decode import data
+from spec_decode import gin_config
+from spec_decode import report
+
+# What a failing point raises: bad input or config, a missing file or
+# checkpoint, an XLA error. Anything else is a bug and keeps its traceback.
+_POINT_ERRORS = (ValueError, RuntimeError, OSError, checkpoints.CheckpointError)
+_NGRAM_DRAFTS = ("unigram", "bigram")
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One run of the sweep.
+
+  Attributes:
+    task: a registered seqio task.
+    temperature: 0 is greedy.
+    batch_size: rows per decoder call.
+    draft: a `compare.DRAFT_KINDS` kind.
+    gamma: tokens drafted per target call.
+  """
+
+  task: str
+  temperature: float
+  batch_size: int
+  draft: str
+  gamma: int
+
+  @property
+  def name(self):
+    """A directory name: 'multi30k_en_de-T0-b1-t5-g4'."""
+    return (
+        f"{self.task}-T{self.temperature:g}-b{self.batch_size}-"
+        f"{self.draft}-g{self.gamma}"
+    )
+
+  def __str__(self):
+    return (
+        f"{self.task}, temperature {self.temperature:g}, batch "
+        f"{self.batch_size}, {self.draft} draft, gamma {self.gamma}"
+    )
+
+
+def points(tasks, temperatures, batch_sizes, drafts, gammas):
+  """Every point of the sweep, gamma varying fastest."""
+  return [
+      Point(*values)
+      for values in itertools.product(
+          tasks, temperatures, batch_sizes, drafts, gammas
+      )
+  ]
+
+
+def _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples):
+  """Fails before the first point, not an hour in, on a bad axis."""
+  axes = dict(
+      tasks=tasks,
+      drafts=drafts,
+      temperatures=temperatures,
+      gammas=gammas,
+      batch_sizes=batch_sizes,
+  )
+  for name, values in axes.items():
+    if not values:
+      raise ValueError(f"table2.sweep.{name} is empty")
+  if not isinstance(tasks, collections.abc.Mapping):
+    raise ValueError(
+        "table2.sweep.tasks must map each task to its extra bindings, e.g. "
+        f"{{'multi30k_en_de': []}}; got {tasks!r}"
+    )
+  for task in tasks:
+    if task not in seqio.TaskRegistry.names():
+      raise ValueError(f"table2.sweep.tasks: no seqio task {task!r}")
+  for draft in drafts:
+    if draft not in compare.DRAFT_KINDS:
+      raise ValueError(
+          f"table2.sweep.drafts: {draft!r} is not one of {compare.DRAFT_KINDS}"
+      )
+  for name in ("gammas", "batch_sizes"):
+    if not all(isinstance(v, int) and v >= 1 for v in axes[name]):
+      raise ValueError(f"table2.sweep.{name} must be ints >= 1: {axes[name]}")
+  if not all(t >= 0 for t in temperatures):
+    raise ValueError(f"table2.sweep.temperatures must be >= 0: {temperatures}")
+  if not isinstance(num_examples, int) or num_examples < 1:
+    raise ValueError(
+        f"table2.sweep.num_examples must be an int >= 1, got {num_examples!r}"
+    )
+
+
+def _ngram_corpus(path, output_dir):
+  """The n-gram drafts' corpus as the plain text file `compare.run` reads.
+
+  Args:
+    path: a text file, one sentence a line (.gz allowed); None means
+      Multi30k's German training text, train.de.gz in `data.multi30k_dir()`:
+      the text the demo target learned to write.
+    output_dir: where the plain copy goes.
+
+  Returns:
+    The copy's path.
+  """
+  source = data.multi30k_dir() / "train.de.gz" if path is None else path
+  corpus = output_dir / "ngram_corpus.txt"
+  corpus.write_text("\n".join(data.read_lines(source)) + "\n")
+  return corpus
+
+
+def _bindings(point, split, num_examples, point_dir, ngram_corpus):
+  """The gin bindings that make a run into `point`."""
+  bindings = [
+      f"run.output_dir = {str(point_dir)!r}",
+      f"run.draft = {point.draft!r}",
+      f"run.gamma = {point.gamma}",
+      f"run.temperature = {float(point.temperature)!r}",
+      f"run.batch_size = {point.batch_size}",
+      "run.progress = False",
+      f"read_inputs.task = {point.task!r}",
+      f"read_inputs.split = {split!r}",
+      f"read_inputs.num_examples = {num_examples}",
+  ]
+  if point.draft in _NGRAM_DRAFTS:
+    bindings.append(f"run.ngram_corpus = {str(ngram_corpus)!r}")
+  return bindings
+
+
+def _progress_line(index, total, point, results, seconds, elapsed):
+  left = elapsed / index * (total - index)
+  return (
+      f"[{index}/{total}] {point}: alpha {results['alpha']:.3f}, "
+      f"{results['tokens_per_target_call']:.2f} tokens/call, speedup "
+      f"{results['speedup']:.2f}x (Theorem 3.8: "
+      f"{results['predicted_speedup']:.2f}x), {seconds:.0f} s; "
+      f"{elapsed / 60:.1f} min elapsed, about {left / 60:.0f} min left"
+  )
+
+
+@gin.configurable
+def sweep(
+    files,
+    bindings,
+    output_dir=gin.REQUIRED,
+    tasks=gin.REQUIRED,
+    drafts=("t5", "bigram", "unigram"),
+    temperatures=(0.0, 1.0),
+    gammas=tuple(range(1, 9)),
+    batch_sizes=(1, 8),
+    num_examples=24,
+    split="test",
+    ngram_corpus=None,
+    progress=True,
+):
+  """Runs `compare.run` at every point and writes Table 2's outputs.
+
+  Args:
+    files: the gin files of every run (e.g. configs/benchmark.gin).
+    bindings: gin bindings applied after `files`, before each point's own.
+    output_dir: where the outputs go (see the module docstring).
+    tasks: {seqio task name: extra gin bindings for its runs}, e.g.
+      {'wmt21_en_de': ['run.max_input_len = 192']}; a task's bindings come
+      last, so they may override the point's.
+    drafts: `compare.DRAFT_KINDS` kinds.
+    temperatures: sampling temperatures; 0 is greedy.
+    gammas: tokens drafted per target call.
+    batch_sizes: rows per decoder call.
+    num_examples: the first this many inputs of each task's split.
+    split: the tasks' split.
+    ngram_corpus: the text the unigram and bigram drafts are counted over, one
+      sentence a line (.gz allowed); None means Multi30k's German training
+      text (train.de.gz in `multi30k_dir.directory`).
+    progress: print a line after each point.
+
+  Returns:
+    The Markdown report, also written to output_dir/table2.md.
+
+  Raises:
+    ValueError: on a bad axis.
+    RuntimeError: when a point fails, with a one-line message naming it.
+  """
+  _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples)
+  directory = pathlib.Path(output_dir)
+  directory.mkdir(parents=True, exist_ok=True)
+  corpus = None
+  if any(draft in _NGRAM_DRAFTS for draft in drafts):
+    corpus = _ngram_corpus(ngram_corpus, directory)
+  todo = points(tasks, temperatures, batch_sizes, drafts, gammas)
+  rows = []
+  start = time.perf_counter()
+  for index, point in enumerate(todo, 1):
+    point_bindings = _bindings(
+        point, split, num_examples, directory / "points" / point.name, corpus
+    )
+    point_bindings += list(tasks[point.task])
+    point_start = time.perf_counter()
+    try:
+      gin_config.parse(files, [*bindings, *point_bindings])
+      results = compare.run()
+    except _POINT_ERRORS as e:
+      raise RuntimeError(
+          f"point {index}/{len(todo)} ({point}): {report.one_line(e)}"
+      ) from e
+    seconds = time.perf_counter() - point_start
+    rows.append(
+        dict(
+            dataclasses.asdict(point),
+            split=split,
+            **results,
+            seconds=seconds,
+            bindings=point_bindings,
+        )
+    )
+    if progress:
+      elapsed = time.perf_counter() - start
+      print(
+          _progress_line(index, len(todo), point, results, seconds, elapsed),
+          flush=True,
+      )
+  best = best_gammas(rows)
+  everything = dict(
+      files=[str(file) for file in files],
+      bindings=list(bindings),
+      points=rows,
+      best_gammas=best,
+  )
+  (directory / "table2.json").write_text(
+      json.dumps(everything, indent=2) + "\n"
+  )
+  text = markdown(rows, best)
+  (directory / "table2.md").write_text(text)
+  plot(rows, directory / "table2.png")
+  return text
+
+
+def _groups(rows):
+  """Rows grouped by (task, temperature, batch size, draft), in sweep order."""
+  groups = {}
+  for row in rows:
+    key = (row["task"], row["temperature"], row["batch_size"], row["draft"])
+    groups.setdefault(key, []).append(row)
+  return groups
+
+
+def best_gammas(rows):
+  """The best gamma of each (task, temperature, batch size, draft).
+
+  Args:
+    rows: the sweep's points (`sweep`'s table2.json 'points').
+
+  Returns:
+    One dict per group: its mean alpha and median c over its gammas; the
+    swept gamma with the highest measured speedup, and the one with the
+    highest Theorem 3.8 speedup; and Theorem 3.8's optimal gamma in 1..64 at
+    the mean alpha and median c (`analysis.optimal_gamma`).
+  """
+  best = []
+  for (task, temperature, batch_size, draft), group in _groups(rows).items():
+    alpha = statistics.mean(row["alpha"] for row in group)
+    c = statistics.median(row["c"] for row in group)
+    measured = max(group, key=lambda row: row["speedup"])
+    predicted = max(group, key=lambda row: row["predicted_speedup"])
+    best.append(
+        dict(
+            task=task,
+            temperature=temperature,
+            batch_size=batch_size,
+            draft=draft,
+            alpha=alpha,
+            c=c,
+            measured_gamma=measured["gamma"],
+            measured_speedup=measured["speedup"],
+            predicted_gamma=predicted["gamma"],
+            predicted_speedup=predicted["predicted_speedup"],
+            optimal_gamma=analysis.optimal_gamma(alpha, c),
+        )
+    )
+  return best
+
+
+def _table(header, rows):
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def markdown(rows, best):
+  """The report: a row per point, then each group's best gamma."""
+  points_table = _table(
+      (
+          "task",
+          "T",
+          "batch",
+          "draft",
+          "gamma",
+          "alpha",
+          "tokens / call",
+          "speedup",
+          "Thm 3.8",
+          "c",
+          "Thm 3.8 optimal gamma",
+      ),
+      [
+          (
+              row["task"],
+              f"{row['temperature']:g}",
+              str(row["batch_size"]),
+              row["draft"],
+              str(row["gamma"]),
+              f"{row['alpha']:.3f}",
+              f"{row['tokens_per_target_call']:.2f}",
+              f"{row['speedup']:.2f}x",
+              f"{row['predicted_speedup']:.2f}x",
+              f"{row['c']:.3f}",
+              str(row["optimal_gamma"]),
+          )
+          for row in rows
+      ],
+  )
+  best_table = _table(
+      (
+          "task",
+          "T",
+          "batch",
+          "draft",
+          "mean alpha",
+          "median c",
+          "best gamma, measured",
+          "best swept gamma, Thm 3.8",
+          "Thm 3.8 optimal gamma",
+      ),
+      [
+          (
+              group["task"],
+              f"{group['temperature']:g}",
+              str(group["batch_size"]),
+              group["draft"],
+              f"{group['alpha']:.3f}",
+              f"{group['c']:.3f}",
+              f"{group['measured_gamma']} ({group['measured_speedup']:.2f}x)",
+              f"{group['predicted_gamma']} "
+              f"({group['predicted_speedup']:.2f}x)",
+              str(group["optimal_gamma"]),
+          )
+          for group in best
+      ],
+  )
+  greedy = [row["mismatches"] for row in rows if row["mismatches"] is not None]
+  examples = sorted({row["num_examples"] for row in rows})
+  return (
+      "## Every point\n\n"
+      f"{points_table}\n\n"
+      f"Inputs per point: {', '.join(map(str, examples))}. Greedy rows "
+      f"differing from the baseline: {sum(greedy)} over {len(greedy)} greedy "
+      "points.\n\n"
+      "## Best gamma: measured and Theorem 3.8\n\n"
+      f"{best_table}\n\n"
+      "Theorem 3.8's optimal gamma (in 1..64) is at the group's mean alpha "
+      "and median c.\n"
+  )
+
+
+def plot(rows, path):
+  """Speedup against gamma: a panel per task x temperature x batch size.
+
+  Args:
+    rows: the sweep's points.
+    path: the PNG to write.
+  """
+  tasks = list(dict.fromkeys(row["task"] for row in rows))
+  settings = list(
+      dict.fromkeys((row["temperature"], row["batch_size"]) for row in rows)
+  )
+  drafts = list(dict.fromkeys(row["draft"] for row in rows))
+  colors = {draft: f"C{i}" for i, draft in enumerate(drafts)}
+  # Wide enough for the legend under a single panel.
+  fig = figure.Figure(
+      figsize=(max(3.2 * len(settings), 5.5), 2.8 * len(tasks) + 0.8),
+      layout="constrained",
+  )
+  axes = fig.subplots(len(tasks), len(settings), squeeze=False, sharey=True)
+  groups = _groups(rows)
+  for (task, temperature, batch_size, draft), group in groups.items():
+    ax = axes[tasks.index(task), settings.index((temperature, batch_size))]
+    gammas = [row["gamma"] for row in group]
+    ax.plot(
+        gammas,
+        [row["speedup"] for row in group],
+        color=colors[draft],
+        marker="o",
+        markersize=3,
+    )
+    ax.plot(
+        gammas,
+        [row["predicted_speedup"] for row in group],
+        color=colors[draft],
+        linestyle="--",
+    )
+  for (task, (temperature, batch_size)), ax in zip(
+      itertools.product(tasks, settings), axes.flat
+  ):
+    ax.axhline(1.0, color="0.6", linewidth=0.8, linestyle=":")
+    ax.set_title(f"{task}, T={temperature:g}, batch {batch_size}", fontsize=9)
+    ax.set_xlabel("gamma")
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+  for ax in axes[:, 0]:
+    ax.set_ylabel("speedup")
+  handles = [
+      mlines.Line2D([], [], color=colors[draft], label=f"{draft} draft")
+      for draft in drafts
+  ] + [
+      mlines.Line2D([], [], color="k", label="measured"),
+      mlines.Line2D([], [], color="k", linestyle="--", label="Theorem 3.8"),
+  ]
+  fig.legend(
+      handles=handles, loc="outside lower center", ncols=max(len(drafts), 2)
+  )
+  fig.savefig(path, dpi=120)

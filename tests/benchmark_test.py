@@ -1,0 +1,187 @@
+"""spec_decode.benchmark: a tiny Table 2 sweep end to end, and its errors.
+
+The demo's 1.9M-parameter draft stands in as the target, with unigram and
+bigram drafts, so that the sweep compiles and decodes real Multi30k test
+sentences in seconds.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+import gin
+from matplotlib import image
+
+from spec_decode import analysis
+from spec_decode import gin_config
+from spec_decode import table2
+from spec_decode import vocabulary  # pylint: disable=unused-import  (gin)
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_DEMO = _ROOT / "spec_decode" / "demo"
+_VOCABULARY = _DEMO / "sentencepiece.model"
+_GAMMAS = (1, 2)
+_DRAFTS = ("unigram", "bigram")
+_NUM_EXAMPLES = 3
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class BenchmarkTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.tmp = pathlib.Path(tempfile.mkdtemp())
+    cls.out = cls.tmp / "out"
+    cls.gin_file = cls.tmp / "tiny.gin"
+    cls.gin_file.write_text(f"""
+include 'target:models/demo_draft.gin'
+target/checkpoint_path.path = '{_DEMO / "draft"}'
+run.vocabulary = @seqio.SentencePieceVocabulary()
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '{_VOCABULARY}'
+seqio.SentencePieceVocabulary.extra_ids = 96
+run.gamma = 1
+run.max_input_len = 64
+run.max_decode_len = 24
+run.timing_repeats = 1
+make_mesh.num_devices = 1
+table2.sweep.output_dir = '{cls.out}'
+table2.sweep.tasks = {{'multi30k_en_de': []}}
+table2.sweep.drafts = {list(_DRAFTS)}
+table2.sweep.temperatures = [0.0]
+table2.sweep.gammas = {list(_GAMMAS)}
+table2.sweep.batch_sizes = [1]
+table2.sweep.num_examples = {_NUM_EXAMPLES}
+table2.sweep.ngram_corpus = '{_DEMO / "multi30k" / "test_2016_flickr.de.gz"}'
+table2.sweep.progress = False
+""")
+    gin_config.parse([cls.gin_file])
+    cls.markdown = table2.sweep([cls.gin_file], [])
+    gin.clear_config()
+
+  def _cli(self, *bindings):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spec_decode.benchmark",
+            f"--gin_file={self.gin_file}",
+        ]
+        + [f"--gin_bindings={b}" for b in bindings],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=_ROOT,
+    )
+
+  def test_json_has_every_point(self):
+    everything = json.loads((self.out / "table2.json").read_text())
+    points = everything["points"]
+    self.assertEqual(
+        [(p["draft"], p["gamma"]) for p in points],
+        [(d, g) for d in _DRAFTS for g in _GAMMAS],
+    )
+    for point in points:
+      gamma = point["gamma"]
+      self.assertEqual(point["task"], "multi30k_en_de")
+      self.assertEqual(point["split"], "test")
+      self.assertEqual(point["num_examples"], _NUM_EXAMPLES)
+      self.assertEqual(point["batch_size"], 1)
+      self.assertEqual(point["mismatches"], 0)
+      self.assertBetween(point["alpha"], 0.0, 1.0)
+      self.assertBetween(point["tokens_per_target_call"], 1.0, gamma + 1)
+      self.assertGreater(point["speedup"], 0.0)
+      self.assertAlmostEqual(
+          point["predicted_speedup"],
+          analysis.walltime_improvement(point["alpha"], gamma, point["c"]),
+      )
+      self.assertEqual(
+          point["optimal_gamma"],
+          analysis.optimal_gamma(point["alpha"], point["c"]),
+      )
+      results = json.loads(
+          (
+              self.out / "points" / f"multi30k_en_de-T0-b1-{point['draft']}-"
+              f"g{gamma}" / "results.json"
+          ).read_text()
+      )
+      self.assertEqual(results["speedup"], point["speedup"])
+    self.assertEqual(
+        [(b["draft"], b["temperature"]) for b in everything["best_gammas"]],
+        [(d, 0.0) for d in _DRAFTS],
+    )
+    for best in everything["best_gammas"]:
+      self.assertIn(best["measured_gamma"], _GAMMAS)
+      self.assertIn(best["predicted_gamma"], _GAMMAS)
+      self.assertGreaterEqual(best["optimal_gamma"], 1)
+
+  def test_markdown_has_a_row_per_point(self):
+    self.assertEqual((self.out / "table2.md").read_text(), self.markdown)
+    tables = [
+        [line for line in block.splitlines() if line.startswith("| ")]
+        for block in self.markdown.split("## ")[1:]
+    ]
+    points, best = tables
+    self.assertLen(points, 1 + len(_DRAFTS) * len(_GAMMAS))  # With a header.
+    self.assertLen(best, 1 + len(_DRAFTS))
+    self.assertStartsWith(points[1], "| multi30k_en_de | 0 | 1 | unigram | 1 |")
+    self.assertIn("differing from the baseline: 0 over 4 greedy", self.markdown)
+
+  def test_plot_is_a_png(self):
+    path = self.out / "table2.png"
+    self.assertEqual(path.read_bytes()[:8], _PNG_SIGNATURE)
+    height, width, _ = image.imread(path).shape
+    self.assertGreater(height, 100)
+    self.assertGreater(width, 100)
+
+  def test_the_full_sweep_is_192_points(self):
+    gin_config.parse(["benchmark.gin"])
+    axes = {
+        name: gin.query_parameter(f"table2.sweep.{name}")
+        for name in ("tasks", "temperatures", "batch_sizes", "drafts", "gammas")
+    }
+    self.assertEqual(set(axes["tasks"]), {"multi30k_en_de", "wmt21_en_de"})
+    self.assertLen(table2.points(**axes), 192)
+
+  def test_bad_binding_is_one_line(self):
+    done = self._cli("table2.sweep.gamas = [1]")
+    self.assertEqual(done.returncode, 1)
+    self.assertEqual(done.stdout, "")
+    lines = done.stderr.strip().splitlines()
+    self.assertLen(lines, 1, done.stderr)
+    self.assertRegex(lines[0], r"^error: .*gamas")
+
+  def test_failing_point_is_named(self):
+    gin_config.parse([self.gin_file], ["run.max_input_len = 4"])
+    with self.assertRaisesRegex(
+        RuntimeError,
+        r"^point 1/4 \(multi30k_en_de, temperature 0, batch 1, unigram draft, "
+        r"gamma 1\): input 1 has \d+ tokens",
+    ):
+      table2.sweep(
+          [self.gin_file],
+          ["run.max_input_len = 4"],
+          output_dir=self.tmp / "failing",
+      )
+
+  def test_bad_axis_fails_before_any_point(self):
+    with self.assertRaisesRegex(ValueError, "drafts: 'trigram' is not one of"):
+      table2.sweep(
+          [self.gin_file],
+          [],
+          output_dir=self.tmp / "bad",
+          tasks={"multi30k_en_de": []},
+          drafts=["trigram"],
+      )
+    self.assertFalse((self.tmp / "bad").exists())
+
+  def tearDown(self):
+    gin.clear_config()
+    super().tearDown()
+
+
+if __name__ == "__main__":
+  absltest.main()

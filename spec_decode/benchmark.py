@@ -9,43 +9,23 @@ where the logic lives). This app parses flags and gin, and turns bad input,
 or a point that fails, into a one-line error.
 """
 
-import sys
-
 from absl import app
-from absl import flags
-from absl import logging
 
-from spec_decode import checkpoints
-from spec_decode import gin_config
-from spec_decode import report
-
-_GIN_FILES = flags.DEFINE_multi_string(
-    "gin_file", [], "Gin files, searched for under configs/ too."
-)
-_GIN_BINDINGS = flags.DEFINE_multi_string(
-    "gin_bindings", [], "Gin bindings, applied after the files."
-)
+from spec_decode import cli
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  # Keep the report readable: JAX logs backend probing at INFO.
-  logging.set_verbosity(logging.WARNING)
-  # Imported after absl has started, as in run.py: TensorFlow's CUDA probe
-  # logs an error when imported before it. vocabulary registers seqio's
-  # vocabularies with gin; table2 imports data, which registers the tasks.
+  # Here, after absl has started, and before gin parses the bindings of the
+  # sweep. vocabulary first: it imports TensorFlow (which table2 needs,
+  # through seqio) quietly.
   # pylint: disable=g-import-not-at-top,unused-import
   from spec_decode import vocabulary
   from spec_decode import table2
   # pylint: enable=g-import-not-at-top,unused-import
 
-  try:
-    gin_config.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
-    text = table2.sweep(_GIN_FILES.value, _GIN_BINDINGS.value)
-  except (ValueError, RuntimeError, OSError, checkpoints.CheckpointError) as e:
-    print(f"error: {report.one_line(e)}", file=sys.stderr)
-    sys.exit(1)
+  with cli.one_line_errors():
+    cli.start(argv)
+    text = table2.sweep(cli.GIN_FILES.value, cli.GIN_BINDINGS.value)
   print(text)
 
 

@@ -153,3 +153,22 @@ def batches(tokens, batch_size):
       filler = np.repeat(batch[:1], batch_size - num_real, axis=0)
       batch = np.concatenate([batch, filler])
     yield batch, num_real
+
+
+def trim(batch, minimum=8):
+  """Drops the padding columns every row has, to a power-of-two length.
+
+  The encoder then runs on about the batch's own length rather than
+  max_input_len, and cross-attention reads that many keys; powers of two
+  bound the number of shapes (compilations) to a few.
+
+  Args:
+    batch: int32 [B, S] tokens, 0 for padding.
+    minimum: the shortest length kept.
+
+  Returns:
+    int32 [B, S'], S' = min(S, the least power of two >= the longest row and
+    `minimum`).
+  """
+  longest = max(int(np.max(np.sum(batch > 0, axis=1))), minimum)
+  return batch[:, : min(batch.shape[1], 1 << (longest - 1).bit_length())]

@@ -1,5 +1,6 @@
 """Honest timings: medians after a compiling warm-up, model calls in-graph."""
 
+import functools
 import time
 
 import jax
@@ -58,19 +59,28 @@ def seconds_per_call(
   batch_size = cache.lengths.shape[0]
   tokens = jnp.full((batch_size, num_tokens), 2, jnp.int32)
   lengths = jnp.full((batch_size,), position, jnp.int32)
+  return (
+      median_seconds(
+          lambda: _run_calls(decode_fn, cache, tokens, lengths, calls),
+          repeats,
+      )
+      / calls
+  )
 
-  @jax.jit
-  def run_calls(cache):
-    # The cache is carried, as in the decoders, so that no call is loop
-    # invariant (XLA would hoist it) or dead.
-    def body(_, carry):
-      cache, total = carry
-      logits, cache = decode_fn(tokens, cache.replace(lengths=lengths))
-      return cache, total + jnp.sum(logits, axis=(1, 2))
 
-    _, total = jax.lax.fori_loop(
-        0, calls, body, (cache, jnp.zeros((batch_size,)))
-    )
-    return total
+@functools.partial(jax.jit, static_argnames="calls")
+def _run_calls(decode_fn, cache, tokens, lengths, calls):
+  """`calls` decode calls from the same lengths; the sum of their logits."""
+  batch_size = tokens.shape[0]
 
-  return median_seconds(lambda: run_calls(cache), repeats) / calls
+  # The cache is carried, as in the decoders, so that no call is loop
+  # invariant (XLA would hoist it) or dead.
+  def body(_, carry):
+    cache, total = carry
+    logits, cache = decode_fn(tokens, cache.replace(lengths=lengths))
+    return cache, total + jnp.sum(logits, axis=(1, 2))
+
+  _, total = jax.lax.fori_loop(
+      0, calls, body, (cache, jnp.zeros((batch_size,)))
+  )
+  return total

@@ -1,0 +1,58 @@
+"""What the absl apps share: the gin flags, quiet start-up, one-line errors."""
+
+import contextlib
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+
+from spec_decode import checkpoints
+from spec_decode import distributed
+from spec_decode import gin_config
+from spec_decode import report
+
+GIN_FILES = flags.DEFINE_multi_string(
+    "gin_file", [], "Gin files, searched for under configs/ too."
+)
+GIN_BINDINGS = flags.DEFINE_multi_string(
+    "gin_bindings", [], "Gin bindings, applied after the files."
+)
+
+
+def start(argv):
+  """Checks argv, registers seqio's vocabularies and tasks, parses gin.
+
+  Then initializes jax.distributed if the config says so.
+
+  Args:
+    argv: the app's positional arguments (none are accepted).
+
+  Raises:
+    app.UsageError: on positional arguments.
+  """
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  # Keep reports readable: JAX logs backend probing at INFO.
+  logging.set_verbosity(logging.WARNING)
+  # Imported here, after absl has started, because TensorFlow's CUDA probe
+  # logs an error when imported before it; vocabulary imports TensorFlow
+  # quietly, and registers seqio's vocabularies with gin; data registers
+  # the seqio tasks.
+  # pylint: disable=g-import-not-at-top,unused-import
+  from spec_decode import vocabulary
+  from spec_decode import data
+  # pylint: enable=g-import-not-at-top,unused-import
+
+  gin_config.parse(GIN_FILES.value, GIN_BINDINGS.value)
+  distributed.initialize_distributed()
+
+
+@contextlib.contextmanager
+def one_line_errors():
+  """Turns bad input into 'error: <one line>' on stderr and exit status 1."""
+  try:
+    yield
+  except (ValueError, RuntimeError, OSError, checkpoints.CheckpointError) as e:
+    print(f"error: {report.one_line(e)}", file=sys.stderr)
+    sys.exit(1)

@@ -1,8 +1,11 @@
 """Every run config under configs/ parses and builds both models abstractly."""
 
+import os
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import gin
+import jax
 
 from spec_decode import compare  # pylint: disable=unused-import  (gin)
 from spec_decode import gin_config
@@ -18,6 +21,7 @@ _PAPER = {
     "t5_1_1_xxl_small_cnndm.gin": (76_961_152, 5),
 }
 _XXL = 11_135_332_352
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_files():
@@ -49,6 +53,17 @@ class ConfigsTest(parameterized.TestCase):
       self.assertEqual(gin.query_parameter("run.batch_size"), 1)
       self.assertStartsWith(
           gin.query_parameter("target/checkpoint_path.path"), "gs://t5-data/"
+      )
+
+  @parameterized.parameters("demo.gin", "demo_distilled.gin")
+  def test_embedded_checkpoints_fit_their_configs(self, name):
+    os.chdir(_REPO)  # The demo's checkpoint paths are relative to it.
+    gin_config.parse([name], ["run.output_dir = '/tmp/unused'"])
+    for scope in ("target", "draft"):
+      loaded = pair.load_model(scope)
+      self.assertEqual(
+          sum(x.size for x in jax.tree.leaves(loaded.params)),
+          t5.num_params(loaded.config),
       )
 
 

@@ -222,6 +222,16 @@ def _speculative_loop(
   )
 
 
+def clear_compiled():
+  """Frees every compiled decoder (and JAX's caches).
+
+  XLA:CPU maps each compiled program into memory; a sweep that compiles
+  hundreds (gammas x shapes) would exhaust the process's memory maps.
+  """
+  _COMPILED.clear()
+  jax.clear_caches()
+
+
 def place_ngram(ngram, mesh) -> drafts.NgramModel:
   """An n-gram draft's tables, replicated on every device of `mesh`."""
   replicated = partitioning.replicated(mesh)

@@ -41,6 +41,7 @@ from spec_decode import analysis
 from spec_decode import checkpoints
 from spec_decode import compare
 from spec_decode import data
+from spec_decode import engine
 from spec_decode import gin_config
 from spec_decode import report
 
@@ -227,7 +228,12 @@ def sweep(
   todo = points(tasks, temperatures, batch_sizes, drafts, gammas)
   rows = []
   start = time.perf_counter()
+  group = None
   for index, point in enumerate(todo, 1):
+    # A new (task, temperature, batch, draft): free the last one's programs.
+    if dataclasses.replace(point, gamma=0) != group:
+      group = dataclasses.replace(point, gamma=0)
+      engine.clear_compiled()
     point_bindings = _bindings(
         point, split, num_examples, directory / "points" / point.name, corpus
     )

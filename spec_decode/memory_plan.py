@@ -19,15 +19,14 @@ import dataclasses
 import functools
 import inspect
 import math
-import sys
 
 from absl import app
-from absl import flags
 from absl import logging
 import gin
 import jax
 import jax.numpy as jnp
 
+from spec_decode import cli
 from spec_decode import compare
 from spec_decode import drafts
 from spec_decode import gin_config
@@ -35,14 +34,8 @@ from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode.models import t5
 
-_GIN_FILES = flags.DEFINE_multi_string(
-    "gin_file",
-    ["t5_1_1_xxl_small_ende.gin"],
-    "Gin run files, searched for under configs/ too.",
-)
-_GIN_BINDINGS = flags.DEFINE_multi_string(
-    "gin_bindings", [], "Gin bindings, applied after the files."
-)
+# The run file planned when no --gin_file is given.
+_DEFAULT_RUN_FILE = "t5_1_1_xxl_small_ende.gin"
 
 GIB = 2**30
 BATCH_SIZES = (1, 8)
@@ -383,11 +376,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   # JAX logs backend probing at INFO.
   logging.set_verbosity(logging.WARNING)
-  try:
-    print(table(_GIN_FILES.value, _GIN_BINDINGS.value))
-  except (ValueError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+  with cli.one_line_errors():
+    files = cli.GIN_FILES.value or [_DEFAULT_RUN_FILE]
+    print(table(files, cli.GIN_BINDINGS.value))
 
 
 if __name__ == "__main__":

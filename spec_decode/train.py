@@ -12,16 +12,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from spec_decode import cli
 from spec_decode import gin_config
 from spec_decode import training
 from spec_decode.models.config import T5Config
-
-_GIN_FILES = flags.DEFINE_multi_string(
-    "gin_file", [], "Gin files, as paths or relative to configs/."
-)
-_GIN_BINDINGS = flags.DEFINE_multi_string(
-    "gin_bindings", [], "Gin bindings, applied after the files."
-)
 
 
 def main(argv):
@@ -29,7 +23,7 @@ def main(argv):
   if not flags.FLAGS["verbosity"].present:
     # Orbax logs a dozen INFO lines per checkpoint, through the progress bar.
     logging.set_verbosity(logging.WARNING)
-  gin_config.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
+  gin_config.parse(cli.GIN_FILES.value, cli.GIN_BINDINGS.value)
   training.train(T5Config())
 
 

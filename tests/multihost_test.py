@@ -13,7 +13,6 @@ import sys
 import tempfile
 
 from absl.testing import absltest
-import jax
 import numpy as np
 
 import partitioning_test
@@ -51,16 +50,7 @@ class MultiHostTest(absltest.TestCase):
     for worker, log in zip(workers, logs):
       self.assertEqual(worker.returncode, 0, log[-3000:])
 
-    params = jax.device_get(
-        partitioning_test.t5.init_params(
-            partitioning_test.TARGET, jax.random.key(0)
-        )
-    )
-    draft_params = jax.device_get(
-        partitioning_test.t5.init_params(
-            partitioning_test.DRAFT, jax.random.key(1)
-        )
-    )
+    params, draft_params = partitioning_test.random_params()
     reference = partitioning_test.decode(
         partitioning_test.make_engine((1, 1), params, draft_params),
         partitioning_test.inputs(),

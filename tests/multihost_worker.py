@@ -26,16 +26,7 @@ def main(port, process_id, output):
       process_id=process_id,
   )
   assert jax.device_count() == 8 and jax.local_device_count() == 4
-  params = jax.device_get(
-      partitioning_test.t5.init_params(
-          partitioning_test.TARGET, jax.random.key(0)
-      )
-  )
-  draft_params = jax.device_get(
-      partitioning_test.t5.init_params(
-          partitioning_test.DRAFT, jax.random.key(1)
-      )
-  )
+  params, draft_params = partitioning_test.random_params()
   decoders = partitioning_test.make_engine((2, 4), params, draft_params)
   assert dict(decoders.mesh.shape) == {"data": 2, "model": 4}
   outputs = partitioning_test.decode(decoders, partitioning_test.inputs())

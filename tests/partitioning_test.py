@@ -86,6 +86,14 @@ def decode(decoders, rows):
   return outputs
 
 
+def random_params():
+  """Host parameters of TARGET and DRAFT, the same in every process."""
+  return (
+      jax.device_get(t5.init_params(TARGET, jax.random.key(0))),
+      jax.device_get(t5.init_params(DRAFT, jax.random.key(1))),
+  )
+
+
 def inputs():
   """int32 [8, 7] inputs, rows of different lengths."""
   rows = np.random.default_rng(0).integers(2, 64, (8, 7))
@@ -98,8 +106,7 @@ class ShardedDecodingTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.params = jax.device_get(t5.init_params(TARGET, jax.random.key(0)))
-    cls.draft_params = jax.device_get(t5.init_params(DRAFT, jax.random.key(1)))
+    cls.params, cls.draft_params = random_params()
     cls.inputs = inputs()
     cls.reference = decode(
         make_engine((1, 1), cls.params, cls.draft_params), cls.inputs
@@ -167,6 +174,25 @@ class ShardedDecodingTest(parameterized.TestCase):
     self.assertEqual(
         draft_cache.keys[0].sharding.spec, P("data", None, None, None)
     )
+
+  def test_loops_donate_the_caches(self):
+    decoders = make_engine((2, 4), self.params, self.draft_params)
+    placed = decoders.place_inputs(self.inputs)
+    target = decoders.setup("target", placed, MAX_DECODE_LEN + GAMMA + 1)
+    draft = decoders.setup("draft", placed, MAX_DECODE_LEN + GAMMA + 1)
+    decoders._loop(  # pylint: disable=protected-access
+        engine._speculative_loop,  # pylint: disable=protected-access
+        (target.decode_fn, draft.decode_fn, target.cache, draft.cache)
+        + (decoders._place_key(jax.random.key(3)),),  # pylint: disable=protected-access
+        donate=(2, 3),
+        gamma=GAMMA,
+        max_decode_len=MAX_DECODE_LEN,
+        config=sampling.SamplingConfig(0.0),
+    )
+    for leaf in jax.tree.leaves((target.cache, draft.cache)):
+      self.assertTrue(leaf.is_deleted())
+    for leaf in jax.tree.leaves(decoders.target_params):
+      self.assertFalse(leaf.is_deleted())
 
   def test_indivisible_axis_is_a_one_line_error(self):
     mesh = partitioning.make_mesh(model_parallel=8)

@@ -100,6 +100,7 @@ def main(argv):
   c = draft_step / target_step
   results = {
       "device": str(jax.devices()[0].device_kind),
+      "jax": jax.__version__,
       "batch": batch,
       "gamma": gamma,
       "target_step_ms": 1e3 * target_step,
@@ -120,6 +121,7 @@ def main(argv):
         / (gamma * draft_step + target_verify),
         "optimal_gamma": analysis.optimal_gamma(alpha, c),
     }
+  print(json.dumps(results, indent=2), flush=True)
   if _LOOP.value:
     target = setups["target"]
     baseline_cache = _setup(
@@ -161,7 +163,8 @@ def main(argv):
         / (gamma * target_step + target_verify),
     }
   text = json.dumps(results, indent=2)
-  print(text)
+  if _LOOP.value:
+    print(json.dumps(results["self_draft_loop"], indent=2))
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
       f.write(text + "\n")

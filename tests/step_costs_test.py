@@ -1,0 +1,87 @@
+"""benchmarks/step_costs.py runs end to end and its predictions follow its c.
+
+The script's real use is T5 1.1 XXL on an accelerator; here it runs on the
+tiny T5 (target and draft alike), so that the script cannot go stale and its
+JSON is checked against `analysis` recomputed from the measured call costs.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+from spec_decode import analysis
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_GAMMA = 3
+_DECODE_LEN = 8
+
+
+class StepCostsTest(absltest.TestCase):
+
+  def test_tiny_run(self):
+    with tempfile.TemporaryDirectory() as tmp:
+      output = pathlib.Path(tmp) / "costs.json"
+      subprocess.run(
+          [
+              sys.executable,
+              str(_ROOT / "benchmarks" / "step_costs.py"),
+              "--target=t5_1_1_tiny",
+              "--draft=t5_1_1_tiny",
+              f"--gamma={_GAMMA}",
+              "--repeats=1",
+              "--input_len=8",
+              f"--max_decode_len={_DECODE_LEN}",
+              f"--output={output}",
+          ],
+          check=True,
+          capture_output=True,
+          cwd=_ROOT,
+      )
+      results = json.loads(output.read_text())
+    self.assertEqual(results["gamma"], _GAMMA)
+    step = results["target_step_ms"]
+    verify = results["target_verify_ms"]
+    draft = results["draft_step_ms"]
+    for value in (step, verify, draft):
+      self.assertGreater(value, 0.0)
+    c = results["c"]
+    self.assertAlmostEqual(c, draft / step, places=12)
+    self.assertAlmostEqual(
+        results["verify_over_step"], verify / step, places=12
+    )
+    self.assertEqual(
+        set(results["predictions"]), {"temperature 0", "temperature 1"}
+    )
+    for prediction in results["predictions"].values():
+      alpha = prediction["alpha"]
+      self.assertAlmostEqual(
+          prediction["theorem_3_8"],
+          analysis.walltime_improvement(alpha, _GAMMA, c),
+          places=12,
+      )
+      tokens = analysis.expected_tokens_per_call(alpha, _GAMMA)
+      self.assertAlmostEqual(
+          prediction["with_measured_verify"],
+          tokens * step / (_GAMMA * draft + verify),
+          places=12,
+      )
+      self.assertEqual(
+          prediction["optimal_gamma"], analysis.optimal_gamma(alpha, c)
+      )
+    loop = results["self_draft_loop"]
+    self.assertAlmostEqual(
+        loop["speedup"],
+        loop["baseline_ms_per_token"] / loop["speculative_ms_per_token"],
+        places=12,
+    )
+    self.assertAlmostEqual(
+        loop["ideal"], (_GAMMA + 1) * step / (_GAMMA * step + verify), places=12
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -116,9 +116,9 @@ def main(argv):
         "alpha": alpha,
         "paper_speedup_tpu_v4": paper_speedup,
         "theorem_3_8": analysis.walltime_improvement(alpha, gamma, c),
-        "with_measured_verify": tokens
-        * target_step
-        / (gamma * draft_step + target_verify),
+        "with_measured_verify": analysis.call_cost_speedup(
+            tokens, gamma, target_step, target_verify, draft_step
+        ),
         "optimal_gamma": analysis.optimal_gamma(alpha, c),
     }
   print(json.dumps(results, indent=2), flush=True)
@@ -158,9 +158,9 @@ def main(argv):
         "baseline_ms_per_token": 1e3 * baseline / _MAX_DECODE_LEN.value,
         "speculative_ms_per_token": 1e3 * spec / _MAX_DECODE_LEN.value,
         "speedup": baseline / spec,
-        "ideal": (gamma + 1)
-        * target_step
-        / (gamma * target_step + target_verify),
+        "ideal": analysis.call_cost_speedup(
+            gamma + 1, gamma, target_step, target_verify, target_step
+        ),
     }
   text = json.dumps(results, indent=2)
   if _LOOP.value:

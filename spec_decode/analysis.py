@@ -64,6 +64,42 @@ def walltime_improvement(alpha: float, gamma: int, c: float) -> float:
   return expected_tokens_per_call(alpha, gamma) / (gamma * c + 1)
 
 
+def call_cost_speedup(
+    tokens_per_call: float,
+    gamma: int,
+    target_step: float,
+    target_verify: float,
+    draft_step: float,
+) -> float:
+  """Theorem 3.8 with the measured (gamma+1)-token call in place of a step.
+
+  Theorem 3.8 assumes that the target scores gamma + 1 tokens in the time of
+  one step, which holds where a step is bound by memory, not arithmetic.
+  This is the speedup that the measured call costs allow a loop that adds
+  no time of its own.
+
+  Args:
+    tokens_per_call: Tokens per target call, measured or expected, > 0.
+    gamma: Tokens drafted per target call, >= 0.
+    target_step: Time of a 1-token target call, > 0.
+    target_verify: Time of a (gamma+1)-token target call, > 0.
+    draft_step: Time of a 1-token draft call, >= 0.
+
+  Returns:
+    tokens_per_call * target_step / (gamma * draft_step + target_verify).
+  """
+  for name, value in (
+      ("tokens_per_call", tokens_per_call),
+      ("target_step", target_step),
+      ("target_verify", target_verify),
+  ):
+    if not value > 0:
+      raise ValueError(f"{name} must be > 0, got {value}.")
+  if not draft_step >= 0:
+    raise ValueError(f"draft_step must be >= 0, got {draft_step}.")
+  return tokens_per_call * target_step / (gamma * draft_step + target_verify)
+
+
 def optimal_gamma(alpha: float, c: float, max_gamma: int = _MAX_GAMMA) -> int:
   """The gamma in 1..max_gamma that maximizes Theorem 3.8's improvement.
 

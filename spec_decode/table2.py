@@ -18,6 +18,10 @@ runs `compare.run` at every point of
   (dashed), one line per draft, one panel per task, temperature and batch
   size.
 
+The three are rewritten after each (task, temperature, batch size, draft),
+so a stopped sweep leaves its table so far. `merge` joins sweeps run in
+parts (say one task each) into one table.
+
 A point is a run of `python -m spec_decode.run` with the sweep's files and
 bindings, then the point's own (its `bindings` in table2.json), so any point
 can be rerun alone.
@@ -82,6 +86,9 @@ class Point:
         f"{self.task}, temperature {self.temperature:g}, batch "
         f"{self.batch_size}, {self.draft} draft, gamma {self.gamma}"
     )
+
+
+_POINT_FIELDS = tuple(field.name for field in dataclasses.fields(Point))
 
 
 def points(tasks, temperatures, batch_sizes, drafts, gammas):
@@ -230,8 +237,11 @@ def sweep(
   start = time.perf_counter()
   group = None
   for index, point in enumerate(todo, 1):
-    # A new (task, temperature, batch, draft): free the last one's programs.
+    # A new (task, temperature, batch, draft): write the table so far (a
+    # stopped sweep leaves it) and free the last group's programs.
     if dataclasses.replace(point, gamma=0) != group:
+      if rows:
+        write(directory, _sweep_json(files, bindings, rows))
       group = dataclasses.replace(point, gamma=0)
       engine.clear_compiled()
     point_bindings = _bindings(
@@ -262,20 +272,79 @@ def sweep(
           _progress_line(index, len(todo), point, results, seconds, elapsed),
           flush=True,
       )
-  best = best_gammas(rows)
-  everything = dict(
+  return write(directory, _sweep_json(files, bindings, rows))
+
+
+def _sweep_json(files, bindings, rows):
+  return dict(
       files=[str(file) for file in files],
       bindings=list(bindings),
       points=rows,
-      best_gammas=best,
+      best_gammas=best_gammas(rows),
   )
+
+
+def write(directory, everything):
+  """Writes table2.json, table2.md and table2.png of a sweep or a merge.
+
+  Args:
+    directory: where they go.
+    everything: table2.json's content; its 'points' make the table and plot.
+
+  Returns:
+    The Markdown report.
+  """
   (directory / "table2.json").write_text(
       json.dumps(everything, indent=2) + "\n"
   )
-  text = markdown(rows, best)
+  rows = everything["points"]
+  text = markdown(rows, everything["best_gammas"])
   (directory / "table2.md").write_text(text)
   plot(rows, directory / "table2.png")
   return text
+
+
+def merge(paths, output_dir):
+  """Joins the points of several sweeps (or merges) into one Table 2.
+
+  For a sweep run in parts, e.g. one task at a time. Each part's gin files
+  and bindings are kept under 'parts' in the merged table2.json, with its
+  path and point count; the points keep their order, part by part.
+
+  Args:
+    paths: table2.json files written by `sweep` or `merge`.
+    output_dir: where the merged table2.{json,md,png} go.
+
+  Returns:
+    The Markdown report.
+
+  Raises:
+    ValueError: when a part has no points, or two hold the same point.
+  """
+  parts, rows, seen = [], [], {}
+  for path in paths:
+    everything = json.loads(pathlib.Path(path).read_text())
+    if not isinstance(everything, dict) or not everything.get("points"):
+      raise ValueError(f"{path} has no Table 2 points")
+    for row in everything["points"]:
+      point = Point(**{field: row[field] for field in _POINT_FIELDS})
+      if point in seen:
+        raise ValueError(f"{point} is in both {seen[point]} and {path}")
+      seen[point] = path
+    rows += everything["points"]
+    parts += everything.get("parts") or [
+        dict(
+            source=str(path),
+            files=everything["files"],
+            bindings=everything["bindings"],
+            num_points=len(everything["points"]),
+        )
+    ]
+  directory = pathlib.Path(output_dir)
+  directory.mkdir(parents=True, exist_ok=True)
+  return write(
+      directory, dict(parts=parts, points=rows, best_gammas=best_gammas(rows))
+  )
 
 
 def _groups(rows):
@@ -295,8 +364,8 @@ def best_gammas(rows):
 
   Returns:
     One dict per group: its mean alpha and median c over its gammas; the
-    swept gamma with the highest measured speedup, and the one with the
-    highest Theorem 3.8 speedup; and Theorem 3.8's optimal gamma in 1..64 at
+    swept gamma with the highest measured speedup (and what its measured
+    call costs allow), and the one with the highest Theorem 3.8 speedup; and Theorem 3.8's optimal gamma in 1..64 at
     the mean alpha and median c (`analysis.optimal_gamma`).
   """
   best = []
@@ -304,6 +373,7 @@ def best_gammas(rows):
     alpha = statistics.mean(row["alpha"] for row in group)
     c = statistics.median(row["c"] for row in group)
     measured = max(group, key=lambda row: row["speedup"])
+    calls = _call_cost_speedup(measured)
     predicted = max(group, key=lambda row: row["predicted_speedup"])
     best.append(
         dict(
@@ -315,12 +385,24 @@ def best_gammas(rows):
             c=c,
             measured_gamma=measured["gamma"],
             measured_speedup=measured["speedup"],
+            call_cost_speedup=calls,
             predicted_gamma=predicted["gamma"],
             predicted_speedup=predicted["predicted_speedup"],
             optimal_gamma=analysis.optimal_gamma(alpha, c),
         )
     )
   return best
+
+
+def _call_cost_speedup(row):
+  """What the point's measured call costs allow (`analysis`)."""
+  return analysis.call_cost_speedup(
+      row["tokens_per_target_call"],
+      row["gamma"],
+      row["target_step_ms"],
+      row["target_verify_ms"],
+      row["draft_step_ms"],
+  )
 
 
 def _table(header, rows):
@@ -342,6 +424,7 @@ def markdown(rows, best):
           "tokens / call",
           "speedup",
           "Thm 3.8",
+          "call costs",
           "c",
           "Thm 3.8 optimal gamma",
       ),
@@ -356,6 +439,7 @@ def markdown(rows, best):
               f"{row['tokens_per_target_call']:.2f}",
               f"{row['speedup']:.2f}x",
               f"{row['predicted_speedup']:.2f}x",
+              f"{_call_cost_speedup(row):.2f}x",
               f"{row['c']:.3f}",
               str(row["optimal_gamma"]),
           )
@@ -371,6 +455,7 @@ def markdown(rows, best):
           "mean alpha",
           "median c",
           "best gamma, measured",
+          "call costs there",
           "best swept gamma, Thm 3.8",
           "Thm 3.8 optimal gamma",
       ),
@@ -383,6 +468,7 @@ def markdown(rows, best):
               f"{group['alpha']:.3f}",
               f"{group['c']:.3f}",
               f"{group['measured_gamma']} ({group['measured_speedup']:.2f}x)",
+              f"{group['call_cost_speedup']:.2f}x",
               f"{group['predicted_gamma']} "
               f"({group['predicted_speedup']:.2f}x)",
               str(group["optimal_gamma"]),
@@ -401,7 +487,10 @@ def markdown(rows, best):
       "## Best gamma: measured and Theorem 3.8\n\n"
       f"{best_table}\n\n"
       "Theorem 3.8's optimal gamma (in 1..64) is at the group's mean alpha "
-      "and median c.\n"
+      "and median c. 'Call costs' is Theorem 3.8 with the point's measured "
+      "(gamma+1)-token target call in place of one step and its measured "
+      "tokens per call: what a loop that adds no time of its own would "
+      "reach.\n"
   )
 
 

@@ -58,6 +58,27 @@ class WalltimeTest(parameterized.TestCase):
     self.assertEqual(analysis.optimal_gamma(1.0, 0.01, max_gamma=20), 20)
 
 
+class CallCostSpeedupTest(parameterized.TestCase):
+
+  @parameterized.parameters((0.0, 1, 0.0), (0.6, 4, 0.1), (0.9, 7, 0.02))
+  def test_a_verify_call_costing_one_step_gives_theorem_3_8(
+      self, alpha, gamma, c
+  ):
+    tokens = analysis.expected_tokens_per_call(alpha, gamma)
+    self.assertAlmostEqual(
+        analysis.call_cost_speedup(tokens, gamma, 2.0, 2.0, 2.0 * c),
+        analysis.walltime_improvement(alpha, gamma, c),
+        places=12,
+    )
+
+  def test_hand_value(self):
+    # 2.5 tokens a call; 4 draft steps of 0.1 and a 5-token call of 2.1
+    # against 1-token steps of 1.0.
+    self.assertAlmostEqual(
+        analysis.call_cost_speedup(2.5, 4, 1.0, 2.1, 0.1), 1.0, places=12
+    )
+
+
 class OperationsTest(parameterized.TestCase):
 
   @parameterized.parameters(
@@ -79,6 +100,21 @@ class InvalidArgumentsTest(parameterized.TestCase):
       ("c", lambda: analysis.walltime_improvement(0.5, 2, -0.1), "c"),
       ("c_hat", lambda: analysis.operations_factor(0.5, 2, -1.0), "c_hat"),
       ("max_gamma", lambda: analysis.optimal_gamma(0.5, 0.1, 0), "max_gamma"),
+      (
+          "tokens_per_call",
+          lambda: analysis.call_cost_speedup(0.0, 2, 1.0, 1.0, 0.1),
+          "tokens_per_call",
+      ),
+      (
+          "target_verify",
+          lambda: analysis.call_cost_speedup(2.0, 2, 1.0, 0.0, 0.1),
+          "target_verify",
+      ),
+      (
+          "draft_step",
+          lambda: analysis.call_cost_speedup(2.0, 2, 1.0, 1.0, -0.1),
+          "draft_step",
+      ),
   )
   def test_raises(self, call, name):
     with self.assertRaisesRegex(ValueError, f"^{name} must be"):

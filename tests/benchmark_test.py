@@ -10,6 +10,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import gin
@@ -59,7 +60,15 @@ table2.sweep.ngram_corpus = '{_DEMO / "multi30k" / "test_2016_flickr.de.gz"}'
 table2.sweep.progress = False
 """)
     gin_config.parse([cls.gin_file])
-    cls.markdown = table2.sweep([cls.gin_file], [])
+    cls.written = []  # The points in each table written, as it is written.
+    write = table2.write
+
+    def counting_write(directory, everything):
+      cls.written.append(len(everything["points"]))
+      return write(directory, everything)
+
+    with mock.patch.object(table2, "write", counting_write):
+      cls.markdown = table2.sweep([cls.gin_file], [])
     gin.clear_config()
 
   def _cli(self, *bindings):
@@ -114,6 +123,23 @@ table2.sweep.progress = False
         [(d, 0.0) for d in _DRAFTS],
     )
     for best in everything["best_gammas"]:
+      point = next(
+          p
+          for p in points
+          if p["draft"] == best["draft"]
+          and p["gamma"] == best["measured_gamma"]
+      )
+      self.assertEqual(best["measured_speedup"], point["speedup"])
+      self.assertAlmostEqual(
+          best["call_cost_speedup"],
+          point["tokens_per_target_call"]
+          * point["target_step_ms"]
+          / (
+              best["measured_gamma"] * point["draft_step_ms"]
+              + point["target_verify_ms"]
+          ),
+          places=12,
+      )
       self.assertIn(best["measured_gamma"], _GAMMAS)
       self.assertIn(best["predicted_gamma"], _GAMMAS)
       self.assertGreaterEqual(best["optimal_gamma"], 1)
@@ -129,6 +155,116 @@ table2.sweep.progress = False
     self.assertLen(best, 1 + len(_DRAFTS))
     self.assertStartsWith(points[1], "| multi30k_en_de | 0 | 1 | unigram | 1 |")
     self.assertIn("differing from the baseline: 0 over 4 greedy", self.markdown)
+
+  def test_the_table_is_written_after_each_group(self):
+    # One group per draft: a stopped sweep keeps the groups it finished.
+    self.assertEqual(
+        self.written, [len(_GAMMAS) * n for n in range(1, len(_DRAFTS) + 1)]
+    )
+
+  def _parts(self):
+    """The sweep's table2.json cut in two, by draft, as two sweeps'."""
+    everything = json.loads((self.out / "table2.json").read_text())
+    paths = []
+    for draft in _DRAFTS:
+      rows = [p for p in everything["points"] if p["draft"] == draft]
+      part = dict(everything, points=rows, best_gammas=table2.best_gammas(rows))
+      path = self.tmp / f"part_{draft}.json"
+      path.write_text(json.dumps(part))
+      paths.append(path)
+    return everything, paths
+
+  def test_merge_rebuilds_the_table_from_parts(self):
+    everything, paths = self._parts()
+    merged_dir = self.tmp / "merged"
+    text = table2.merge(paths, merged_dir)
+    self.assertEqual(text, self.markdown)
+    merged = json.loads((merged_dir / "table2.json").read_text())
+    self.assertEqual(merged["points"], everything["points"])
+    self.assertEqual(merged["best_gammas"], everything["best_gammas"])
+    self.assertEqual(
+        merged["parts"],
+        [
+            dict(
+                source=str(path),
+                files=everything["files"],
+                bindings=everything["bindings"],
+                num_points=len(_GAMMAS),
+            )
+            for path in paths
+        ],
+    )
+    self.assertEqual(
+        (merged_dir / "table2.png").read_bytes()[:8], _PNG_SIGNATURE
+    )
+    # A merge of merges keeps the parts.
+    again = table2.merge([merged_dir / "table2.json"], self.tmp / "again")
+    self.assertEqual(again, self.markdown)
+    self.assertEqual(
+        json.loads((self.tmp / "again" / "table2.json").read_text())["parts"],
+        merged["parts"],
+    )
+
+  def test_merge_rejects_bad_parts(self):
+    path = self.out / "table2.json"
+    with self.assertRaisesRegex(
+        ValueError,
+        r"^multi30k_en_de, temperature 0, batch 1, unigram draft, gamma 1 is "
+        r"in both .*table2.json and .*table2.json$",
+    ):
+      table2.merge([path, path], self.tmp / "twice")
+    not_a_table = self.tmp / "results.json"
+    not_a_table.write_text('{"alpha": 0.5}')
+    with self.assertRaisesRegex(ValueError, r"results.json has no Table 2"):
+      table2.merge([not_a_table], self.tmp / "not_a_table")
+
+  def test_merge_cli(self):
+    _, paths = self._parts()
+    merged_dir = self.tmp / "merged_cli"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spec_decode.benchmark",
+            f"--merge={paths[0]},{paths[1]}",
+            f"--merge_dir={merged_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=_ROOT,
+    )
+    self.assertEqual(done.returncode, 0, done.stderr)
+    self.assertEqual(done.stdout, self.markdown + "\n")
+    self.assertEqual((merged_dir / "table2.md").read_text(), self.markdown)
+    done = subprocess.run(
+        [sys.executable, "-m", "spec_decode.benchmark", f"--merge={paths[0]}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=_ROOT,
+    )
+    self.assertEqual(done.returncode, 1)
+    self.assertEqual(done.stderr.strip(), "error: --merge needs --merge_dir")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spec_decode.benchmark",
+            f"--merge={paths[0]}",
+            f"--merge_dir={merged_dir}",
+            f"--gin_file={self.gin_file}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=_ROOT,
+    )
+    self.assertEqual(done.returncode, 1)
+    self.assertEqual(
+        done.stderr.strip(),
+        "error: --merge takes no gin flags and no arguments",
+    )
 
   def test_plot_is_a_png(self):
     path = self.out / "table2.png"

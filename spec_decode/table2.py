@@ -19,8 +19,9 @@ runs `compare.run` at every point of
   size.
 
 The three are rewritten after each (task, temperature, batch size, draft),
-so a stopped sweep leaves its table so far. `merge` joins sweeps run in
-parts (say one task each) into one table.
+so a stopped sweep leaves its table so far, and `resume=True` runs only the
+points that table lacks. `merge` joins sweeps run in parts (say one task
+each) into one table.
 
 A point is a run of `python -m spec_decode.run` with the sweep's files and
 bindings, then the point's own (its `bindings` in table2.json), so any point
@@ -29,6 +30,7 @@ can be rerun alone.
 
 import collections.abc
 import dataclasses
+import hashlib
 import itertools
 import json
 import pathlib
@@ -137,22 +139,19 @@ def _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples):
     )
 
 
-def _ngram_corpus(path, output_dir):
-  """The n-gram drafts' corpus as the plain text file `compare.run` reads.
+def _ngram_text(path):
+  """The n-gram drafts' corpus as the plain text `compare.run` reads.
 
   Args:
     path: a text file, one sentence a line (.gz allowed); None means
       Multi30k's German training text, train.de.gz in `data.multi30k_dir()`:
       the text the demo target learned to write.
-    output_dir: where the plain copy goes.
 
   Returns:
-    The copy's path.
+    The text, one sentence a line.
   """
   source = data.multi30k_dir() / "train.de.gz" if path is None else path
-  corpus = output_dir / "ngram_corpus.txt"
-  corpus.write_text("\n".join(data.read_lines(source)) + "\n")
-  return corpus
+  return "\n".join(data.read_lines(source)) + "\n"
 
 
 def _bindings(point, split, num_examples, point_dir, ngram_corpus):
@@ -173,8 +172,9 @@ def _bindings(point, split, num_examples, point_dir, ngram_corpus):
   return bindings
 
 
-def _progress_line(index, total, point, results, seconds, elapsed):
-  left = elapsed / index * (total - index)
+def _progress_line(index, total, ran, point, results, seconds, elapsed):
+  """After point `index` of `total`, the `ran`-th run here (others kept)."""
+  left = elapsed / ran * (total - index)
   return (
       f"[{index}/{total}] {point}: alpha {results['alpha']:.3f}, "
       f"{results['tokens_per_target_call']:.2f} tokens/call, speedup "
@@ -198,6 +198,7 @@ def sweep(
     split="test",
     ngram_corpus=None,
     progress=True,
+    resume=False,
 ):
   """Runs `compare.run` at every point and writes Table 2's outputs.
 
@@ -218,36 +219,53 @@ def sweep(
       sentence a line (.gz allowed); None means Multi30k's German training
       text (train.de.gz in `multi30k_dir.directory`).
     progress: print a line after each point.
+    resume: keep the points of the table2.json already in output_dir (a
+      stopped or smaller sweep's) whose own bindings are unchanged, and run
+      the rest. That table must have the same gin files, the same bindings
+      (other than table2.sweep's) and the same n-gram corpus.
 
   Returns:
     The Markdown report, also written to output_dir/table2.md.
 
   Raises:
-    ValueError: on a bad axis.
+    ValueError: on a bad axis, or a table to resume from another setting.
     RuntimeError: when a point fails, with a one-line message naming it.
   """
   _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples)
   directory = pathlib.Path(output_dir)
   directory.mkdir(parents=True, exist_ok=True)
-  corpus = None
+  corpus, text, corpus_sha256 = None, None, None
   if any(draft in _NGRAM_DRAFTS for draft in drafts):
-    corpus = _ngram_corpus(ngram_corpus, directory)
+    text = _ngram_text(ngram_corpus)
+    corpus_sha256 = hashlib.sha256(text.encode()).hexdigest()
+  earlier = {}
+  if resume:
+    earlier = _earlier_rows(directory, files, bindings, corpus_sha256)
+  if text is not None:
+    corpus = directory / "ngram_corpus.txt"
+    corpus.write_text(text)
   todo = points(tasks, temperatures, batch_sizes, drafts, gammas)
   rows = []
   start = time.perf_counter()
+  ran = 0
   group = None
   for index, point in enumerate(todo, 1):
     # A new (task, temperature, batch, draft): write the table so far (a
     # stopped sweep leaves it) and free the last group's programs.
     if dataclasses.replace(point, gamma=0) != group:
       if rows:
-        write(directory, _sweep_json(files, bindings, rows))
+        write(directory, _sweep_json(files, bindings, corpus_sha256, rows))
       group = dataclasses.replace(point, gamma=0)
       engine.clear_compiled()
     point_bindings = _bindings(
         point, split, num_examples, directory / "points" / point.name, corpus
     )
     point_bindings += list(tasks[point.task])
+    if point in earlier and earlier[point]["bindings"] == point_bindings:
+      rows.append(earlier[point])
+      if progress:
+        print(f"[{index}/{len(todo)}] {point}: kept", flush=True)
+      continue
     point_start = time.perf_counter()
     try:
       gin_config.parse(files, [*bindings, *point_bindings])
@@ -257,6 +275,7 @@ def sweep(
           f"point {index}/{len(todo)} ({point}): {report.one_line(e)}"
       ) from e
     seconds = time.perf_counter() - point_start
+    ran += 1
     rows.append(
         dict(
             dataclasses.asdict(point),
@@ -269,16 +288,47 @@ def sweep(
     if progress:
       elapsed = time.perf_counter() - start
       print(
-          _progress_line(index, len(todo), point, results, seconds, elapsed),
+          _progress_line(
+              index, len(todo), ran, point, results, seconds, elapsed
+          ),
           flush=True,
       )
-  return write(directory, _sweep_json(files, bindings, rows))
+  return write(directory, _sweep_json(files, bindings, corpus_sha256, rows))
 
 
-def _sweep_json(files, bindings, rows):
+def _run_bindings(bindings):
+  """The sweep's bindings that reach its runs: all but table2.sweep's."""
+  return [b for b in bindings if not b.lstrip().startswith("table2.")]
+
+
+def _earlier_rows(directory, files, bindings, corpus_sha256):
+  """The points of directory's table2.json, by Point, to resume from."""
+  path = directory / "table2.json"
+  if not path.exists():
+    return {}
+  everything = json.loads(path.read_text())
+  same_gin = everything.get("files") == [str(file) for file in files] and (
+      _run_bindings(everything.get("bindings", ())) == _run_bindings(bindings)
+  )
+  # A sweep without n-gram drafts has no corpus to compare.
+  corpora = {everything.get("ngram_corpus_sha256"), corpus_sha256} - {None}
+  if not same_gin or len(corpora) > 1:
+    raise ValueError(
+        f"cannot resume from {path}: it was run with other gin files, "
+        "bindings or n-gram corpus"
+    )
+  return {_point(row): row for row in everything["points"]}
+
+
+def _point(row):
+  return Point(**{field: row[field] for field in _POINT_FIELDS})
+
+
+def _sweep_json(files, bindings, corpus_sha256, rows):
   return dict(
       files=[str(file) for file in files],
       bindings=list(bindings),
+      ngram_corpus_sha256=corpus_sha256,
       points=rows,
       best_gammas=best_gammas(rows),
   )
@@ -327,7 +377,7 @@ def merge(paths, output_dir):
     if not isinstance(everything, dict) or not everything.get("points"):
       raise ValueError(f"{path} has no Table 2 points")
     for row in everything["points"]:
-      point = Point(**{field: row[field] for field in _POINT_FIELDS})
+      point = _point(row)
       if point in seen:
         raise ValueError(f"{point} is in both {seen[point]} and {path}")
       seen[point] = path

@@ -5,8 +5,10 @@ bigram drafts, so that the sweep compiles and decodes real Multi30k test
 sentences in seconds.
 """
 
+import contextlib
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,6 +19,8 @@ import gin
 from matplotlib import image
 
 from spec_decode import analysis
+from spec_decode import compare
+from spec_decode import data
 from spec_decode import gin_config
 from spec_decode import table2
 from spec_decode import vocabulary  # pylint: disable=unused-import  (gin)
@@ -265,6 +269,81 @@ table2.sweep.progress = False
         done.stderr.strip(),
         "error: --merge takes no gin flags and no arguments",
     )
+
+  @contextlib.contextmanager
+  def _resuming(self):
+    """The sweep's own directory (its points' bindings name that path), put
+    back as it was afterwards for the other tests."""
+    backup = self.tmp / "backup"
+    shutil.copytree(self.out, backup)
+    try:
+      yield self.out
+    finally:
+      shutil.rmtree(self.out)
+      backup.rename(self.out)
+
+  def test_resume_keeps_every_finished_point(self):
+    gin_config.parse([self.gin_file])
+    with self._resuming() as directory, mock.patch.object(
+        compare, "run", side_effect=AssertionError("a point ran again")
+    ):
+      text = table2.sweep(
+          [self.gin_file], [], output_dir=directory, resume=True
+      )
+    self.assertEqual(text, self.markdown)
+
+  def test_resume_runs_only_new_points(self):
+    gin_config.parse([self.gin_file])
+    with self._resuming() as directory, mock.patch.object(
+        compare, "run", wraps=compare.run
+    ) as run:
+      before = json.loads((directory / "table2.json").read_text())["points"]
+      table2.sweep(
+          [self.gin_file],
+          [],
+          output_dir=directory,
+          gammas=[*_GAMMAS, 3],
+          resume=True,
+      )
+      after = json.loads((directory / "table2.json").read_text())["points"]
+    self.assertEqual(run.call_count, len(_DRAFTS))
+    self.assertEqual(
+        [(p["draft"], p["gamma"]) for p in after],
+        [(d, g) for d in _DRAFTS for g in (*_GAMMAS, 3)],
+    )
+    self.assertEqual([p for p in after if p["gamma"] != 3], before)
+
+  def test_resume_refuses_another_setting(self):
+    # Another n-gram corpus: the first 100 lines of the same file.
+    corpus = self.tmp / "short_corpus.txt"
+    corpus.write_text(
+        "\n".join(
+            data.read_lines(_DEMO / "multi30k" / "test_2016_flickr.de.gz")[:100]
+        )
+    )
+    message = (
+        r"^cannot resume from .*out/table2.json: it was run with other gin "
+        "files, bindings or n-gram corpus"
+    )
+    with self._resuming() as directory:
+      corpus_before = (directory / "ngram_corpus.txt").read_text()
+      for bindings, changes in (
+          (["run.max_decode_len = 20"], {}),
+          ([], {"ngram_corpus": str(corpus)}),
+      ):
+        gin_config.parse([self.gin_file], bindings)
+        with self.assertRaisesRegex(ValueError, message):
+          table2.sweep(
+              [self.gin_file],
+              bindings,
+              output_dir=directory,
+              resume=True,
+              **changes,
+          )
+      # Refused before anything was written.
+      self.assertEqual(
+          (directory / "ngram_corpus.txt").read_text(), corpus_before
+      )
 
   def test_plot_is_a_png(self):
     path = self.out / "table2.png"

@@ -415,8 +415,9 @@ def best_gammas(rows):
   Returns:
     One dict per group: its mean alpha and median c over its gammas; the
     swept gamma with the highest measured speedup (and what its measured
-    call costs allow), and the one with the highest Theorem 3.8 speedup; and Theorem 3.8's optimal gamma in 1..64 at
-    the mean alpha and median c (`analysis.optimal_gamma`).
+    call costs allow), and the one with the highest Theorem 3.8 speedup;
+    and Theorem 3.8's optimal gamma in 1..64 at the mean alpha and median c
+    (`analysis.optimal_gamma`).
   """
   best = []
   for (task, temperature, batch_size, draft), group in _groups(rows).items():

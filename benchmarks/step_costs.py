@@ -1,6 +1,13 @@
 r"""Decode-call costs of a target and a draft at real T5 sizes, and hence c.
 
   python benchmarks/step_costs.py --target=t5_1_1_xxl --draft=t5_1_1_small
+  python benchmarks/step_costs.py --abstract \
+      --output=benchmarks/results/step_costs_abstract.json
+
+With --abstract it needs no accelerator and no weights: it compiles the
+target's 1- and (gamma+1)-token calls and the draft's 1-token call for this
+host from abstract shapes, at batch 1 and 32, and reports XLA's flops and
+bytes accessed against the bytes each call must read (`compiled_costs`).
 
 Random weights in bfloat16, batch 1 by default (the paper's setting). It times
 the target's 1-token and (gamma+1)-token decode calls and the draft's 1-token
@@ -12,6 +19,7 @@ baseline and speculative loops with the target as its own draft (alpha = 1),
 which shows the loop's overhead at this size.
 """
 
+import dataclasses
 import functools
 import json
 
@@ -21,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import analysis
+from spec_decode import compiled_costs
 from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import gin_config
@@ -37,6 +46,12 @@ _MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Decode length.")
 _REPEATS = flags.DEFINE_integer("repeats", 30, "Timed calls; medians count.")
 _LOOP = flags.DEFINE_bool("loop", True, "Also time the full loops.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
+_ABSTRACT = flags.DEFINE_bool(
+    "abstract",
+    False,
+    "Compile the calls for this host from abstract shapes (no weights) and "
+    "report XLA's flops and bytes against the bytes a call must read.",
+)
 
 # The paper's alphas for T5 1.1 XXL with a T5-small draft on WMT En-De
 # (Leviathan et al., 2023, Table 2), and its measured speedups on TPU-v4.
@@ -70,8 +85,62 @@ def _random_params(config, rng):
 _setup = jax.jit(drafts.t5_draft, static_argnums=(0, 3))
 
 
+# The abstract report: 256-token inputs, a cache of 264 positions filled to
+# 128, batch 1 (the paper's) and 32 (a serving batch), gamma 7.
+ABSTRACT_BATCHES = (1, 32)
+ABSTRACT_INPUT_LEN = 256
+ABSTRACT_CAPACITY = 264
+ABSTRACT_FILLED = 128
+
+
+def abstract_report(gamma):
+  """Each call's compiled costs, keyed '{model}_{tokens}tok_b{batch}'."""
+  report = {
+      "jax": jax.__version__,
+      "backend": jax.default_backend(),
+      "input_len": ABSTRACT_INPUT_LEN,
+      "capacity": ABSTRACT_CAPACITY,
+      "filled": ABSTRACT_FILLED,
+      "calls": {},
+  }
+  for name, stem, num_tokens in (
+      ("target", _TARGET.value, 1),
+      ("target", _TARGET.value, gamma + 1),
+      ("draft", _DRAFT.value, 1),
+  ):
+    config = _config(stem)
+    for batch in ABSTRACT_BATCHES:
+      costs = compiled_costs.call_costs(
+          config,
+          batch,
+          num_tokens,
+          ABSTRACT_INPUT_LEN,
+          ABSTRACT_CAPACITY,
+          ABSTRACT_FILLED,
+      )
+      entry = dataclasses.asdict(costs)
+      entry["bytes_over_needed"] = costs.bytes_over_needed
+      report["calls"][f"{name}_{num_tokens}tok_b{batch}"] = entry
+      print(
+          f"{name:6s} {stem:14s} tokens {num_tokens} batch {batch:2d}: "
+          f"{costs.flops / 1e9:9.2f} GFLOP, {costs.bytes_accessed / 1e9:7.2f}"
+          f" GB accessed, params {costs.param_bytes / 1e9:6.2f} GB, cache "
+          f"{costs.cache_bytes / 1e9:6.3f} GB, ratio "
+          f"{costs.bytes_over_needed:5.2f}, {costs.hlo_ops} HLO ops, "
+          f"{len(costs.cache_moves)} cache-sized copies/transposes",
+          flush=True,
+      )
+  return report
+
+
 def main(argv):
   del argv
+  if _ABSTRACT.value:
+    text = json.dumps(abstract_report(_GAMMA.value), indent=2)
+    if _OUTPUT.value:
+      with open(_OUTPUT.value, "w") as f:
+        f.write(text + "\n")
+    return
   gamma, batch = _GAMMA.value, _BATCH.value
   capacity = _MAX_DECODE_LEN.value + gamma + 1
   rng = jax.random.key(0)

@@ -20,28 +20,33 @@ _GAMMA = 3
 _DECODE_LEN = 8
 
 
+def _run_tiny(*flags):
+  """Runs the script on the tiny T5 (target and draft) and reads its JSON."""
+  with tempfile.TemporaryDirectory() as tmp:
+    output = pathlib.Path(tmp) / "costs.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(_ROOT / "benchmarks" / "step_costs.py"),
+            "--target=t5_1_1_tiny",
+            "--draft=t5_1_1_tiny",
+            f"--gamma={_GAMMA}",
+            f"--output={output}",
+            *flags,
+        ],
+        check=True,
+        capture_output=True,
+        cwd=_ROOT,
+    )
+    return json.loads(output.read_text())
+
+
 class StepCostsTest(absltest.TestCase):
 
   def test_tiny_run(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      output = pathlib.Path(tmp) / "costs.json"
-      subprocess.run(
-          [
-              sys.executable,
-              str(_ROOT / "benchmarks" / "step_costs.py"),
-              "--target=t5_1_1_tiny",
-              "--draft=t5_1_1_tiny",
-              f"--gamma={_GAMMA}",
-              "--repeats=1",
-              "--input_len=8",
-              f"--max_decode_len={_DECODE_LEN}",
-              f"--output={output}",
-          ],
-          check=True,
-          capture_output=True,
-          cwd=_ROOT,
-      )
-      results = json.loads(output.read_text())
+    results = _run_tiny(
+        "--repeats=1", "--input_len=8", f"--max_decode_len={_DECODE_LEN}"
+    )
     self.assertEqual(results["gamma"], _GAMMA)
     step = results["target_step_ms"]
     verify = results["target_verify_ms"]
@@ -80,6 +85,31 @@ class StepCostsTest(absltest.TestCase):
     )
     self.assertAlmostEqual(
         loop["ideal"], (_GAMMA + 1) * step / (_GAMMA * step + verify), places=12
+    )
+
+  def test_tiny_abstract_report(self):
+    calls = _run_tiny("--abstract")["calls"]
+    self.assertEqual(
+        set(calls),
+        {
+            f"{name}_{tokens}tok_b{batch}"
+            for name, tokens in (("target", 1), ("target", _GAMMA + 1))
+            + (("draft", 1),)
+            for batch in (1, 32)
+        },
+    )
+    # The tiny T5 as target and as draft: the same 1-token calls.
+    self.assertEqual(calls["target_1tok_b32"], calls["draft_1tok_b32"])
+    for entry in calls.values():
+      self.assertAlmostEqual(
+          entry["bytes_over_needed"],
+          entry["bytes_accessed"]
+          / (entry["param_bytes"] + entry["cache_bytes"]),
+      )
+    # More rows read more cache and look up more embedding rows.
+    self.assertGreater(
+        calls["target_1tok_b32"]["cache_bytes"],
+        calls["target_1tok_b1"]["cache_bytes"],
     )
 
 

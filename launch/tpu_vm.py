@@ -8,21 +8,27 @@ r"""Runs spec_decode on a Cloud TPU VM: create, install, run, fetch, delete.
 Each step is one or more gcloud commands, printed before they run (and only
 printed with --dry_run, which needs neither gcloud nor a project):
 
-  create   `gcloud compute tpus tpu-vm create` (accelerator type, runtime
-           version and zone from --config);
-  install  on every worker: Python 3.11, this repository (this working tree
-           packed and copied with scp, or a git clone of --repo), a virtualenv
-           with `pip install -e . "jax[tpu]==<setup.py's jax>"`;
+  queue    instead of create: `gcloud compute tpus queued-resources create`
+           for a node of the launcher's name, then a wait until it is ACTIVE;
+  create   `gcloud compute tpus tpu-vm create` (accelerator type from
+           --config or --accelerator_type; runtime version and zone from its
+           generation's row of launch/tpus.py; write scopes for a gs://
+           --output_dir);
+  install  on every worker: Python 3.11 (apt, waiting for its lock), this
+           repository (this working tree packed and copied with scp, or a git
+           clone of --repo), a virtualenv with `pip install -e .
+           "jax[tpu]==<setup.py's jax>"`;
   run      on every worker at once (`ssh --worker=all`): `python -m
            spec_decode.run` with the config's gin files, the mesh binding
            `make_mesh.model_parallel`, `initialize_distributed.enabled` (True
            on a slice of several hosts), `run.output_dir` and --gin_bindings;
   fetch    worker 0's results to --output_dir (scp), or from worker 0 to a
            gs:// --output_dir (`gcloud storage cp`);
-  delete   the TPU VM (with --delete_after, also when a step fails).
+  delete   the TPU VM, or the queued resource and its node (with
+           --delete_after, also when a step after create or queue fails).
 
 A step that fails stops the launch with a one-line error, and so does a bad
-flag.
+flag or a zone that does not offer the accelerator's generation.
 """
 
 import dataclasses
@@ -37,30 +43,26 @@ import tempfile
 
 from absl import app
 from absl import flags
+import commands
+import tpus
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-STEPS = ("create", "install", "run", "fetch", "delete")
+STEPS = ("queue", "create", "install", "run", "fetch", "delete")
 # On each worker, relative to the home directory.
 REMOTE_REPO = "spec_decode"
 REMOTE_VENV = "spec_decode_venv"
 REMOTE_TARBALL = "spec_decode.tar.gz"
 
-# Accelerator type prefix: (TPU software version, TensorCores per chip); the
-# versions from https://cloud.google.com/tpu/docs/runtimes. The number in
-# v4-N and v5p-N counts TensorCores (2 per chip, one JAX device per chip);
-# in v5litepod-N and v6e-N it counts chips.
-_GENERATIONS = {
-    "v4": ("tpu-ubuntu2204-base", 2),
-    "v5p": ("v2-alpha-tpuv5", 2),
-    "v5litepod": ("v2-alpha-tpuv5-lite", 1),
-    "v6e": ("v2-alpha-tpuv6e", 1),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
+  """A named launch: what to run, on which accelerator type.
+
+  The zone and runtime version come from the accelerator's generation
+  (launch/tpus.py), so --accelerator_type of any generation fits any preset.
+  """
+
   accelerator_type: str
-  zone: str
   gin_files: tuple[str, ...]
   description: str
 
@@ -69,19 +71,16 @@ _PAPER_ENDE = ("configs/t5_1_1_xxl_small_ende.gin",)
 PRESETS = {
     "v4-8": Preset(
         "v4-8",
-        "us-central2-b",
         _PAPER_ENDE,
         "the paper's setup: T5 1.1 XXL target, T5 1.1 small draft, WMT En-De",
     ),
     "v5e-8": Preset(
         "v5litepod-8",
-        "us-central1-a",
         _PAPER_ENDE,
         "the paper's pair on v5e (16 GiB a chip: the target is sharded)",
     ),
     "v4-32": Preset(
         "v4-32",
-        "us-central2-b",
         _PAPER_ENDE,
         "a multi-host pod slice: 4 hosts, one jax.distributed job",
     ),
@@ -93,14 +92,19 @@ _CONFIG = flags.DEFINE_string(
 _PROJECT = flags.DEFINE_string(
     "project", None, "Google Cloud project; gcloud's default when unset."
 )
-_ZONE = flags.DEFINE_string("zone", None, "Zone; the preset's when unset.")
+_ZONE = flags.DEFINE_string(
+    "zone",
+    None,
+    "Zone; the accelerator generation's default (launch/tpus.py) when unset.",
+)
 _NAME = flags.DEFINE_string(
     "name", None, "TPU VM name; spec-decode-<config> when unset."
 )
 _ACCELERATOR_TYPE = flags.DEFINE_string(
     "accelerator_type",
     None,
-    "Accelerator type (v4-16, v5litepod-16, ...); the preset's when unset.",
+    "Accelerator type of any generation (v4-16, v5p-8, v5litepod-16, "
+    "v6e-8, ...); the preset's when unset.",
 )
 _RUNTIME_VERSION = flags.DEFINE_string(
     "runtime_version",
@@ -143,12 +147,14 @@ _PYTHON = flags.DEFINE_string(
 _STEPS = flags.DEFINE_list(
     "steps",
     ["create", "install", "run", "fetch"],
-    f"Steps to take, in this order: {', '.join(STEPS)}.",
+    f"Steps to take, in this order: {', '.join(STEPS)} (queue or create, "
+    "not both).",
 )
 _DELETE_AFTER = flags.DEFINE_bool(
     "delete_after",
     False,
-    "Delete the TPU VM at the end, and when a step fails.",
+    "Delete the TPU VM (or queued resource) at the end, and when a step "
+    "after create or queue fails.",
 )
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print the commands instead of running them."
@@ -161,14 +167,18 @@ class LaunchError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Command:
+  """One command of a launch.
+
+  Attributes:
+    step: the step (a STEPS entry) it belongs to.
+    argv: the command line.
+    creates: it creates the node. If it fails, the name may be another
+      node's, so --delete_after deletes nothing.
+  """
+
   step: str
   argv: tuple[str, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Slice:
-  hosts: int
-  chips: int
+  creates: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,24 +188,21 @@ class Plan:
   hosts: int
 
 
-def topology(accelerator_type):
-  """The hosts and chips (JAX devices) of an accelerator type."""
-  match = re.fullmatch(r"(v4|v5p|v5litepod|v6e)-(\d+)", accelerator_type)
-  if not match:
-    raise LaunchError(
-        f"unknown accelerator type {accelerator_type!r}: expected "
-        f"{'|'.join(_GENERATIONS)}-<count>, e.g. v4-8 or v5litepod-8"
-    )
-  generation, count = match[1], int(match[2])
-  cores_per_chip = _GENERATIONS[generation][1]
-  chips = count // cores_per_chip
-  if count < 1 or count % cores_per_chip:
-    raise LaunchError(f"bad accelerator type {accelerator_type!r}")
-  if cores_per_chip == 2:  # v4, v5p: 4 chips a host.
-    hosts = max(1, chips // 4)
-  else:  # v5e, v6e: up to 8 chips on one host, 4 a host beyond.
-    hosts = 1 if chips <= 8 else chips // 4
-  return Slice(hosts=hosts, chips=chips)
+@dataclasses.dataclass(frozen=True)
+class _Node:
+  """The TPU a launch works on.
+
+  Attributes:
+    name: the TPU VM's name, and the queued resource's.
+    where: gcloud's --zone and --project flags.
+    tpu: the accelerator type, resolved (launch/tpus.py).
+    runtime_version: the TPU software version.
+  """
+
+  name: str
+  where: tuple[str, ...]
+  tpu: tpus.Slice
+  runtime_version: str
 
 
 def jax_version():
@@ -206,49 +213,6 @@ def jax_version():
   if not jax_pin or not jaxlib_pin or jax_pin[1] != jaxlib_pin[1]:
     raise LaunchError("setup.py must pin jax and jaxlib to the same version")
   return jax_pin[1]
-
-
-def quote(arg):
-  """Quotes for a POSIX shell, preferring double quotes for readability.
-
-  Args:
-    arg: one argument.
-
-  Returns:
-    `arg` as it reads back from `shlex.split` and from bash alike.
-  """
-  if re.fullmatch(r"[\w@%+=:,./-]+", arg):
-    return arg
-  if re.search(r"[$`!]", arg):  # Special inside double quotes.
-    return shlex.quote(arg)
-  return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def join(argv):
-  """A command line: `--flag=value` quotes only the value."""
-  words = []
-  for arg in argv:
-    match = re.fullmatch(r"(--[\w-]+=)(.*)", arg, re.DOTALL)
-    words.append(match[1] + quote(match[2]) if match else quote(arg))
-  return " ".join(words)
-
-
-def _gcloud_where(zone, project):
-  return [f"--zone={zone}"] + ([f"--project={project}"] if project else [])
-
-
-def _ssh(name, where, worker, command):
-  return (
-      "gcloud",
-      "compute",
-      "tpus",
-      "tpu-vm",
-      "ssh",
-      name,
-      *where,
-      f"--worker={worker}",
-      f"--command={command}",
-  )
 
 
 def _check_gin_files(gin_files, repo):
@@ -262,6 +226,115 @@ def _check_gin_files(gin_files, repo):
         (base / gin_file).is_file() for base in (ROOT, ROOT / "configs")
     ):
       raise LaunchError(f"gin file {gin_file!r} is not in {ROOT} or configs/")
+
+
+def _check_flags(name, repo, ref, python, steps):
+  if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
+    raise LaunchError(
+        f"bad TPU name {name!r}: lowercase letters, digits and hyphens, "
+        "starting with a letter, at most 63"
+    )
+  if repo != "local" and not re.fullmatch(r"(https://|git@|ssh://).+", repo):
+    raise LaunchError(f"--repo must be 'local' or a git URL, got {repo!r}")
+  if not re.fullmatch(r"python[\d.]*", python):
+    raise LaunchError(f"--python must be like python3.11, got {python!r}")
+  if ref and repo == "local":
+    raise LaunchError("--ref needs a git --repo")
+  unknown = [s for s in steps if s not in STEPS]
+  if unknown or not steps:
+    raise LaunchError(
+        f"bad --steps {','.join(steps)}: a list of {', '.join(STEPS)}"
+    )
+  if {"queue", "create"} <= set(steps):
+    raise LaunchError(
+        "--steps has both queue and create: queue creates the node itself"
+    )
+
+
+def _install(node, repo, ref, python):
+  """Python, the repository and a virtualenv on every worker."""
+  name = node.name
+  planned = []
+  setup = [commands.apt_python(python), f"rm -rf ~/{REMOTE_REPO}"]
+  if repo == "local":
+    tarball = str(pathlib.Path(tempfile.gettempdir()) / f"{name}.tar.gz")
+    # Tracked and untracked files, less what .gitignore ignores.
+    pack = (
+        f"git -C {shlex.quote(str(ROOT))} ls-files -z --cached --others "
+        f"--exclude-standard | tar -czf {shlex.quote(tarball)} -C "
+        f"{shlex.quote(str(ROOT))} --null -T -"
+    )
+    planned.append(Command("install", ("bash", "-o", "pipefail", "-c", pack)))
+    copy = (*commands.TPU_VM, "scp", tarball, f"{name}:{REMOTE_TARBALL}")
+    planned.append(Command("install", (*copy, *node.where, "--worker=all")))
+    setup += [
+        f"mkdir -p ~/{REMOTE_REPO}",
+        f"tar -xzf ~/{REMOTE_TARBALL} -C ~/{REMOTE_REPO}",
+    ]
+  else:
+    setup.append(f"git clone --quiet {shlex.quote(repo)} ~/{REMOTE_REPO}")
+    if ref:
+      setup.append(
+          f"git -C ~/{REMOTE_REPO} checkout --quiet {shlex.quote(ref)}"
+      )
+  jax_tpu = commands.quote(f"jax[tpu]=={jax_version()}")
+  setup += [
+      f"{python} -m venv ~/{REMOTE_VENV}",
+      f"~/{REMOTE_VENV}/bin/pip install --quiet --upgrade pip",
+      f"~/{REMOTE_VENV}/bin/pip install --quiet -e ~/{REMOTE_REPO} {jax_tpu}",
+  ]
+  ssh = commands.ssh(name, node.where, "all", " && ".join(setup))
+  return planned + [Command("install", ssh)]
+
+
+def _run(node, gin_files, gin_bindings, model_parallel, run_output_dir):
+  """spec_decode.run on every worker at once."""
+  multi_host = node.tpu.hosts > 1
+  run_args = [f"--gin_file={f}" for f in gin_files] + [
+      f"--gin_bindings={b}"
+      for b in [
+          f"make_mesh.model_parallel={model_parallel}",
+          f"initialize_distributed.enabled={multi_host}",
+          f"run.output_dir='{run_output_dir}'",
+          *gin_bindings,
+      ]
+  ]
+  run = (
+      f"cd ~/{REMOTE_REPO} && ~/{REMOTE_VENV}/bin/python -m spec_decode.run "
+      + commands.join(run_args)
+  )
+  return [Command("run", commands.ssh(node.name, node.where, "all", run))]
+
+
+def _fetch(node, output_dir, remote_results):
+  """Worker 0's results, to this machine or to gs://."""
+  if output_dir.startswith("gs://"):
+    copy = (
+        f"gcloud storage cp --recursive ~/{remote_results} "
+        f"{shlex.quote(output_dir.rstrip('/') + '/')}"
+    )
+    return [Command("fetch", commands.ssh(node.name, node.where, "0", copy))]
+  scp = (*commands.TPU_VM, "scp", "--recurse", f"{node.name}:{remote_results}")
+  return [
+      Command("fetch", ("mkdir", "-p", output_dir)),
+      Command("fetch", (*scp, output_dir, *node.where, "--worker=0")),
+  ]
+
+
+def _node(config, project, zone, name, accelerator_type, runtime_version):
+  preset = PRESETS[config]
+  try:
+    tpu = tpus.resolve(accelerator_type or preset.accelerator_type)
+    zone = zone or tpu.generation.zones[0]
+    tpus.check_zone(tpu, zone)
+  except tpus.TpuError as e:
+    raise LaunchError(str(e)) from None
+  return _Node(
+      name=name or f"spec-decode-{config}",
+      where=commands.where(zone, project),
+      tpu=tpu,
+      runtime_version=runtime_version or tpu.generation.runtime_version,
+  )
 
 
 def plan(
@@ -288,9 +361,9 @@ def plan(
   Args:
     config: a key of PRESETS.
     project: the Google Cloud project; gcloud's default when None.
-    zone: the zone; the preset's when None.
+    zone: the zone; the accelerator generation's default when None.
     name: the TPU VM's name; spec-decode-<config> when None.
-    accelerator_type: the preset's when None.
+    accelerator_type: any generation's; the preset's when None.
     runtime_version: the TPU software version; the generation's when None.
     spot: create a Spot TPU VM.
     gin_files: the run's gin files; the preset's when None.
@@ -314,173 +387,72 @@ def plan(
     raise LaunchError(
         f"unknown --config {config!r}: one of {', '.join(PRESETS)}"
     )
-  preset = PRESETS[config]
-  zone = zone or preset.zone
-  name = name or f"spec-decode-{config}"
-  if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
-    raise LaunchError(
-        f"bad TPU name {name!r}: lowercase letters, digits and hyphens, "
-        "starting with a letter, at most 63"
-    )
-  accelerator_type = accelerator_type or preset.accelerator_type
-  tpu = topology(accelerator_type)
-  generation = accelerator_type.split("-")[0]
-  runtime_version = runtime_version or _GENERATIONS[generation][0]
+  node = _node(config, project, zone, name, accelerator_type, runtime_version)
+  _check_flags(node.name, repo, ref, python, steps)
+  tpu = node.tpu
   if model_parallel is None:
     model_parallel = tpu.chips
   if model_parallel < 1 or tpu.chips % model_parallel:
     raise LaunchError(
         f"--model_parallel={model_parallel} must divide the {tpu.chips} chips "
-        f"of {accelerator_type}"
+        f"of {tpu.accelerator_type}"
     )
-  gin_files = list(gin_files or preset.gin_files)
+  gin_files = list(gin_files or PRESETS[config].gin_files)
   _check_gin_files(gin_files, repo)
-  if repo != "local" and not re.fullmatch(r"(https://|git@|ssh://).+", repo):
-    raise LaunchError(f"--repo must be 'local' or a git URL, got {repo!r}")
-  if not re.fullmatch(r"python[\d.]*", python):
-    raise LaunchError(f"--python must be like python3.11, got {python!r}")
-  if ref and repo == "local":
-    raise LaunchError("--ref needs a git --repo")
-  unknown = [s for s in steps if s not in STEPS]
-  if unknown or not steps:
-    raise LaunchError(
-        f"bad --steps {','.join(steps)}: a list of {', '.join(STEPS)}"
-    )
   steps = set(steps) | ({"delete"} if delete_after else set())
   to_gcs = output_dir.startswith("gs://")
   if not to_gcs:
     output_dir = os.path.expanduser(output_dir)
+  scopes = commands.WRITE_SCOPES if to_gcs else ()
+  node_args = (node.name, node.where, tpu, node.runtime_version, spot, scopes)
+  run_output_dir = f"results/{node.name}"  # On each worker, in the repo.
 
-  where = _gcloud_where(zone, project)
-  tpu_vm = ("gcloud", "compute", "tpus", "tpu-vm")
-  run_output_dir = f"results/{name}"  # On each worker, in the repository.
-  remote_results = f"{REMOTE_REPO}/{run_output_dir}"
-  commands = []
+  planned = []
+  if "queue" in steps:
+    planned += [
+        Command("queue", commands.queue(*node_args), creates=True),
+        Command("queue", commands.wait_active(node.name, node.where)),
+    ]
   if "create" in steps:
-    commands.append(
-        Command(
-            "create",
-            (
-                *tpu_vm,
-                "create",
-                name,
-                *where,
-                f"--accelerator-type={accelerator_type}",
-                f"--version={runtime_version}",
-                *(["--spot"] if spot else []),
-            ),
-        )
-    )
+    planned.append(Command("create", commands.create(*node_args), creates=True))
   if "install" in steps:
-    # The Ubuntu 22.04 images have Python 3.10; spec_decode needs 3.11.
-    setup = [
-        f'{{ {python} -c "import ensurepip" 2>/dev/null || {{ sudo apt-get '
-        "update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install "
-        f"-y -qq {python} {python}-venv; }}; }}",
-        f"rm -rf ~/{REMOTE_REPO}",
-    ]
-    if repo == "local":
-      tarball = str(pathlib.Path(tempfile.gettempdir()) / f"{name}.tar.gz")
-      # Tracked and untracked files, less what .gitignore ignores.
-      pack = (
-          f"git -C {shlex.quote(str(ROOT))} ls-files -z --cached --others "
-          f"--exclude-standard | tar -czf {shlex.quote(tarball)} -C "
-          f"{shlex.quote(str(ROOT))} --null -T -"
-      )
-      commands.append(
-          Command("install", ("bash", "-o", "pipefail", "-c", pack))
-      )
-      commands.append(
-          Command(
-              "install",
-              (
-                  *tpu_vm,
-                  "scp",
-                  tarball,
-                  f"{name}:{REMOTE_TARBALL}",
-                  *where,
-                  "--worker=all",
-              ),
-          )
-      )
-      setup += [
-          f"mkdir -p ~/{REMOTE_REPO}",
-          f"tar -xzf ~/{REMOTE_TARBALL} -C ~/{REMOTE_REPO}",
-      ]
-    else:
-      setup.append(f"git clone --quiet {shlex.quote(repo)} ~/{REMOTE_REPO}")
-      if ref:
-        setup.append(
-            f"git -C ~/{REMOTE_REPO} checkout --quiet {shlex.quote(ref)}"
-        )
-    jax_tpu = quote(f"jax[tpu]=={jax_version()}")
-    setup += [
-        f"{python} -m venv ~/{REMOTE_VENV}",
-        f"~/{REMOTE_VENV}/bin/pip install --quiet --upgrade pip",
-        f"~/{REMOTE_VENV}/bin/pip install --quiet -e ~/{REMOTE_REPO} "
-        f"{jax_tpu}",
-    ]
-    commands.append(
-        Command("install", _ssh(name, where, "all", " && ".join(setup)))
-    )
+    planned += _install(node, repo, ref, python)
   if "run" in steps:
-    multi_host = tpu.hosts > 1
-    run_args = [f"--gin_file={f}" for f in gin_files] + [
-        f"--gin_bindings={b}"
-        for b in [
-            f"make_mesh.model_parallel={model_parallel}",
-            f"initialize_distributed.enabled={multi_host}",
-            f"run.output_dir='{run_output_dir}'",
-            *gin_bindings,
-        ]
-    ]
-    run = (
-        f"cd ~/{REMOTE_REPO} && ~/{REMOTE_VENV}/bin/python -m spec_decode.run "
-        + join(run_args)
+    planned += _run(
+        node, gin_files, gin_bindings, model_parallel, run_output_dir
     )
-    commands.append(Command("run", _ssh(name, where, "all", run)))
   if "fetch" in steps:
-    if to_gcs:
-      copy = (
-          f"gcloud storage cp --recursive ~/{remote_results} "
-          f"{shlex.quote(output_dir.rstrip('/') + '/')}"
-      )
-      commands.append(Command("fetch", _ssh(name, where, "0", copy)))
-    else:
-      commands.append(Command("fetch", ("mkdir", "-p", output_dir)))
-      commands.append(
-          Command(
-              "fetch",
-              (
-                  *tpu_vm,
-                  "scp",
-                  "--recurse",
-                  f"{name}:{remote_results}",
-                  output_dir,
-                  *where,
-                  "--worker=0",
-              ),
-          )
-      )
+    planned += _fetch(node, output_dir, f"{REMOTE_REPO}/{run_output_dir}")
   if "delete" in steps:
-    commands.append(
-        Command("delete", (*tpu_vm, "delete", name, *where, "--quiet"))
-    )
+    if "queue" in steps:
+      queued = True
+    elif "create" in steps:
+      queued = False
+    else:  # A node from an earlier launch: the delete finds out which.
+      queued = None
+    delete = commands.delete(node.name, node.where, queued)
+    planned.append(Command("delete", delete))
 
-  results = f"{output_dir.rstrip('/')}/{name}"
+  results = f"{output_dir.rstrip('/')}/{node.name}"
+  zone = node.where[0].removeprefix("--zone=")
   header = [
-      f"# {config}: {preset.description}.",
-      f"# {name}: {accelerator_type} ({tpu.hosts} host"
-      f"{'s' if tpu.hosts > 1 else ''}, {tpu.chips} chips), {runtime_version},"
-      f" {zone}, project {project or '(gcloud default)'}.",
+      f"# {config}: {PRESETS[config].description}.",
+      f"# {node.name}: {tpu.accelerator_type} ({tpu.generation.name}, "
+      f"{tpu.hosts} host{'s' if tpu.hosts > 1 else ''}, {tpu.chips} chips), "
+      f"{node.runtime_version}, {zone}, project {project or '(gcloud default)'}"
+      ".",
       f"# Mesh: model_parallel={model_parallel}, "
       f"data={tpu.chips // model_parallel}; results in {results}/.",
   ]
-  return Plan(tuple(header), tuple(commands), tpu.hosts)
+  return Plan(tuple(header), tuple(planned), tpu.hosts)
 
 
 def _describe(step, hosts):
   return {
+      "queue": (
+          "# queue: a queued resource for the TPU VM, then a wait until it is "
+          "ACTIVE (billed from then until deleted)"
+      ),
       "create": "# create: the TPU VM (billed from now until deleted)",
       "install": "# install: spec_decode and jax[tpu] on every worker",
       "run": (
@@ -490,7 +462,7 @@ def _describe(step, hosts):
           "jax.distributed job"
       ),
       "fetch": "# fetch: worker 0's results",
-      "delete": "# delete: the TPU VM",
+      "delete": "# delete: the TPU VM, or the queued resource and its node",
   }[step]
 
 
@@ -502,29 +474,28 @@ def _print_plan(launch):
     if command.step != step:
       step = command.step
       print(_describe(step, launch.hosts))
-    print(join(command.argv))
+    print(commands.join(command.argv))
 
 
-def _execute(commands, delete_after):
-  """Runs the commands in order; a failure deletes the VM if asked."""
+def _execute(planned, delete_after):
+  """Runs the commands in order; a failure deletes the node if asked."""
   if shutil.which("gcloud") is None:
     raise LaunchError(
         "gcloud is not on PATH: install the Google Cloud CLI "
         "(https://cloud.google.com/sdk/docs/install), or pass --dry_run"
     )
-  deletes = [c for c in commands if c.step == "delete"]
-  for command in commands:
-    print(f"+ {join(command.argv)}", file=sys.stderr, flush=True)
+  deletes = [c for c in planned if c.step == "delete"]
+  for command in planned:
+    print(f"+ {commands.join(command.argv)}", file=sys.stderr, flush=True)
     returncode = subprocess.run(command.argv, check=False).returncode
     if returncode:
-      # A failed create may mean that the name is taken: leave that VM be.
-      if delete_after and command.step not in ("create", "delete"):
+      if delete_after and not command.creates and command.step != "delete":
         for delete in deletes:
-          print(f"+ {join(delete.argv)}", file=sys.stderr, flush=True)
+          print(f"+ {commands.join(delete.argv)}", file=sys.stderr, flush=True)
           subprocess.run(delete.argv, check=False)
       raise LaunchError(
           f"{command.step} failed (exit status {returncode}): "
-          f"{join(command.argv)}"
+          f"{commands.join(command.argv)}"
       )
 
 

@@ -51,7 +51,9 @@ _SYLLABLES = (
 )
 
 
-def save_model(family, directory, vocab_size=64, weight_std=None, seed=0):
+def save_model(
+    family, directory, vocab_size=64, weight_std=None, seed=0, **dims
+):
   """Saves a random model of `family` to `directory`; returns it (eval mode).
 
   Args:
@@ -61,6 +63,7 @@ def save_model(family, directory, vocab_size=64, weight_std=None, seed=0):
     weight_std: if set, every weight is drawn from N(0, weight_std) instead of
       transformers' tiny initialization, so that greedy outputs vary.
     seed: torch's seed.
+    **dims: transformers config fields that replace the tiny defaults.
 
   Returns:
     The transformers model. T5 1.1 and mT5 get an lm_head of their own (as
@@ -69,6 +72,7 @@ def save_model(family, directory, vocab_size=64, weight_std=None, seed=0):
   config_class, model_class = FAMILIES[family]
   proj = "relu" if family == "t5_1_0" else "gated-gelu"
   kwargs = dict(_DIMS, vocab_size=vocab_size, feed_forward_proj=proj)
+  kwargs.update(dims)
   if family == "t5_1_1":
     kwargs["tie_word_embeddings"] = False
   torch.manual_seed(seed)
@@ -79,7 +83,7 @@ def save_model(family, directory, vocab_size=64, weight_std=None, seed=0):
         param.normal_(0.0, weight_std)
   if family in ("t5_1_1", "mt5"):
     model.lm_head.weight = torch.nn.Parameter(
-        torch.randn(vocab_size, _DIMS["d_model"]) * (weight_std or 1.0)
+        torch.randn(vocab_size, kwargs["d_model"]) * (weight_std or 1.0)
     )
     model.all_tied_weights_keys.pop("lm_head.weight", None)
   model.save_pretrained(directory)

@@ -26,6 +26,7 @@ _VOCAB_SIZE = hf_directories.SPM_PIECES + 100
 # greedy outputs differ from input to input.
 _WEIGHT_STD = 0.5
 _EOS_ID = 1
+_REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
 class HfRunTest(absltest.TestCase):
@@ -128,6 +129,37 @@ class HfRunTest(absltest.TestCase):
         results["baseline_tokens"], sum(len(ids) for ids in generated)
     )
     self.assertEqual(results["speculative_tokens"], results["baseline_tokens"])
+
+    # The README's check, on the same run, and on a copy with one row
+    # changed.
+    self.assertEqual(
+        self._check(out / "outputs.jsonl"),
+        (0, "6 of 6 rows identical to transformers' generate"),
+    )
+    rows[2]["speculative"] += " x"
+    changed = self.tmp / "changed.jsonl"
+    changed.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    self.assertEqual(
+        self._check(changed),
+        (1, "5 of 6 rows identical to transformers' generate"),
+    )
+
+  def _check(self, outputs):
+    """scripts/check_with_transformers.py's exit status and last line."""
+    checked = subprocess.run(
+        [
+            sys.executable,
+            str(_REPO / "scripts" / "check_with_transformers.py"),
+            f"--checkpoint={self.tmp / 'flan-t5-target'}",
+            f"--outputs={outputs}",
+            f"--max_decode_len={_MAX_DECODE_LEN}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    self.assertIn(checked.returncode, (0, 1), checked.stderr)
+    return checked.returncode, checked.stdout.splitlines()[-1]
 
 
 if __name__ == "__main__":

@@ -77,9 +77,7 @@ def model_config(scope):
   """
   try:
     path = bound_checkpoint_path(scope)
-    config_file = None
-    if path is not None and not storage.is_gcs(path) and os.path.exists(path):
-      config_file = hf_config.find(path)
+    config_file = _hf_config_file(path)
     with gin.config_scope(scope):
       if config_file is None:
         config = t5.T5Config()
@@ -95,6 +93,15 @@ def model_config(scope):
   except checkpoints.CheckpointError as e:
     raise ValueError(f"{scope} checkpoint: {e}") from e
   return config
+
+
+def _hf_config_file(path):
+  """The config.json of a local Hugging Face checkpoint; else None."""
+  if path is None or storage.is_gcs(path) or not os.path.exists(path):
+    return None
+  if checkpoints.detect_format(path) is not checkpoints.Format.HUGGING_FACE:
+    return None
+  return hf_config.find(path)
 
 
 def _checked_fields(config_file, scope):

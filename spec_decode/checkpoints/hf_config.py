@@ -127,7 +127,7 @@ def _activations(hf: dict[str, Any], source: str) -> tuple[str, ...]:
 def _check_constants(hf: dict[str, Any], source: str) -> None:
   """Refuses special ids and a norm epsilon other than this code's."""
   for key, value in _TOKEN_IDS.items():
-    if hf.get(key, value) not in (value, None):
+    if hf.get(key, value) not in (value, [value], None):
       raise validate.CheckpointFormatError(
           f"{source}: {key} is {hf[key]}, but spec_decode decodes with "
           f"{key} {value} (T5's)"

@@ -154,6 +154,45 @@ class HfDirectoryTest(parameterized.TestCase):
     self.assertEqual(fields["max_distance"], 128)
     self.assertTrue(fields["logits_via_embedding"])
 
+  @parameterized.parameters("t5", "mt5")
+  def test_t5_1_1_config_of_transformers_4(self, model_type):
+    # As transformers 4 wrote Flan-T5's and mT5's: tie_word_embeddings false
+    # and no scale_decoder_outputs.
+    fields = hf_config.t5_fields(
+        {
+            "architectures": [
+                "MT5ForConditionalGeneration"
+                if model_type == "mt5"
+                else "T5ForConditionalGeneration"
+            ],
+            "d_ff": 1024,
+            "d_kv": 64,
+            "d_model": 512,
+            "decoder_start_token_id": 0,
+            "dense_act_fn": "gelu_new",
+            "eos_token_id": 1,
+            "feed_forward_proj": "gated-gelu",
+            "is_gated_act": True,
+            "layer_norm_epsilon": 1e-06,
+            "model_type": model_type,
+            "num_decoder_layers": 8,
+            "num_heads": 6,
+            "num_layers": 8,
+            "pad_token_id": 0,
+            "relative_attention_max_distance": 128,
+            "relative_attention_num_buckets": 32,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            "vocab_size": 250112 if model_type == "mt5" else 32128,
+        },
+        "config.json",
+    )
+    gin_config.parse(
+        ["models/t5_1_1_small.gin"],
+        [f"T5Config.vocab_size = {fields['vocab_size']}"],
+    )
+    self.assertEqual(t5.T5Config(**fields), t5.T5Config())
+
   def test_agreeing_size_file_is_accepted(self):
     config = self._config(
         self._dir("t5_1_1"),

@@ -314,15 +314,9 @@ def _vocabulary(vocabulary):
   # pylint: disable-next=g-import-not-at-top
   from spec_decode import vocabulary as vocabulary_lib
 
-  if vocabulary is not None:
-    return vocabulary_lib.checked(vocabulary)
-  path = pair.bound_checkpoint_path("target")
-  if path is None or vocabulary_lib.spiece_file(path) is None:
-    raise ValueError(
-        f"run.vocabulary is not set and the target checkpoint {path} has no "
-        f"{vocabulary_lib.SPIECE}: bind run.vocabulary"
-    )
-  return vocabulary_lib.checkpoint_vocabulary(path)
+  return vocabulary_lib.for_run(
+      vocabulary, pair.bound_checkpoint_path("target")
+  )
 
 
 def _check_vocabulary(vocabulary, target_config):

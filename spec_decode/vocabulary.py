@@ -90,6 +90,30 @@ def checkpoint_vocabulary(path=gin.REQUIRED, extra_ids=T5_EXTRA_IDS):
   return checked(seqio.SentencePieceVocabulary(found, extra_ids=extra_ids))
 
 
+def for_run(vocabulary, target_checkpoint):
+  """The run's vocabulary, loaded.
+
+  Args:
+    vocabulary: run.vocabulary (a seqio.Vocabulary), or None.
+    target_checkpoint: the target's checkpoint path (expanded), or None.
+
+  Returns:
+    `vocabulary`, or if None the target checkpoint's `spiece.model` with T5's
+    extra ids.
+
+  Raises:
+    ValueError: neither is there, or the file cannot be read (one line).
+  """
+  if vocabulary is not None:
+    return checked(vocabulary)
+  if target_checkpoint is None or spiece_file(target_checkpoint) is None:
+    raise ValueError(
+        f"run.vocabulary is not set and the target checkpoint "
+        f"{target_checkpoint} has no {SPIECE}: bind run.vocabulary"
+    )
+  return checkpoint_vocabulary(target_checkpoint)
+
+
 def checked(vocabulary):
   """Loads `vocabulary` now, so that a bad file is a one-line ValueError.
 

@@ -19,6 +19,7 @@ import transformers
 from spec_decode import compare
 from spec_decode import gin_config
 from spec_decode import report
+from spec_decode import translate
 from spec_decode import vocabulary
 import hf_directories
 
@@ -111,6 +112,13 @@ class HfVocabularyTest(absltest.TestCase):
           report.one_line(raised.exception),
           r"^cannot read the vocabulary \S+\.model: \S",
       )
+
+  def test_translate_takes_the_checkpoint_vocabulary(self):
+    gin_config.parse([], [f"target/checkpoint_path.path = '{self.checkpoint}'"])
+    self.assertEqual(
+        translate._vocabulary().sentencepiece_model_file,  # pylint: disable=protected-access
+        str(self.checkpoint / "spiece.model"),
+    )
 
   def test_run_without_vocabulary_or_spiece_is_one_line(self):
     gin_config.parse(

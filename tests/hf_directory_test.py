@@ -115,6 +115,17 @@ class HfDirectoryTest(parameterized.TestCase):
     gin.clear_config()
     super().tearDown()
 
+  def _expected_params(self):
+    """T5 1.1's parameters, read from its safetensors directory."""
+    return checkpoints.load_params(
+        self._dir("t5_1_1"), t5.param_shapes(_EXPECTED["t5_1_1"])
+    )
+
+  def _assert_same_params(self, params, expected):
+    self.assertSameElements(_flat(params), _flat(expected))
+    for name, array in _flat(expected).items():
+      np.testing.assert_array_equal(_flat(params)[name], array, name)
+
   def _config(self, path, *bindings, files=()):
     gin_config.parse(
         files, [f"target/checkpoint_path.path = '{path}'", *bindings]
@@ -288,11 +299,7 @@ class HfDirectoryTest(parameterized.TestCase):
     ):
       self.assertEqual(self._config(path), _EXPECTED["t5_1_1"])
       loaded = pair.load_model("target")
-    expected = checkpoints.load_params(
-        self._dir("t5_1_1"), t5.param_shapes(_EXPECTED["t5_1_1"])
-    )
-    for name, array in _flat(expected).items():
-      np.testing.assert_array_equal(_flat(loaded.params)[name], array, name)
+    self._assert_same_params(loaded.params, self._expected_params())
 
   def test_unset_environment_variable_is_named(self):
     with mock.patch.dict(os.environ):
@@ -317,12 +324,7 @@ class HfDirectoryTest(parameterized.TestCase):
     self.assertTrue(os.path.isfile(path), path)
     self.assertEqual(self._config(path), _EXPECTED["t5_1_1"])
     loaded = pair.load_model("target")
-    expected = checkpoints.load_params(
-        self._dir("t5_1_1"), t5.param_shapes(_EXPECTED["t5_1_1"])
-    )
-    self.assertSameElements(_flat(loaded.params), _flat(expected))
-    for key, array in _flat(expected).items():
-      np.testing.assert_array_equal(_flat(loaded.params)[key], array, key)
+    self._assert_same_params(loaded.params, self._expected_params())
 
   @parameterized.parameters("t5_1_1", "t5_1_0")
   def test_flax_msgpack_gives_transformers_logits(self, family):
@@ -346,6 +348,16 @@ class HfDirectoryTest(parameterized.TestCase):
         checkpoints.CheckpointFormatError, "sharded Hugging Face Flax"
     ):
       checkpoints.load_params(directory, t5.param_shapes(_EXPECTED["t5_1_1"]))
+    # Beside other weights, as Hub repositories have it: those are read.
+    shutil.copy(
+        os.path.join(self._dir("t5_1_1"), "model.safetensors"), directory
+    )
+    self._assert_same_params(
+        checkpoints.load_params(
+            directory, t5.param_shapes(_EXPECTED["t5_1_1"])
+        ),
+        self._expected_params(),
+    )
 
   def test_flax_msgpack_of_something_else_is_named(self):
     directory = self._dir("flax_other")

@@ -188,17 +188,18 @@ def find_files(path: str) -> list[str]:
     checkpoint.
 
   Raises:
-    CheckpointFormatError: `path` is a sharded Flax checkpoint.
+    CheckpointFormatError: `path` is a sharded Flax checkpoint (and has no
+      other weights).
   """
   if os.path.isdir(path):
+    for name in FILE_NAMES:
+      if os.path.isfile(os.path.join(path, name)):
+        return find_files(os.path.join(path, name))
     if os.path.isfile(os.path.join(path, FLAX_INDEX)):
       raise validate.CheckpointFormatError(
           f"{path} is a sharded Hugging Face Flax checkpoint ({FLAX_INDEX}), "
           f"which spec_decode does not read; save it with safetensors."
       )
-    for name in FILE_NAMES:
-      if os.path.isfile(os.path.join(path, name)):
-        return find_files(os.path.join(path, name))
     return []
   if os.path.basename(path) == hf_config.CONFIG_FILE:
     return find_files(os.path.dirname(path) or ".")

@@ -146,10 +146,11 @@ class HfDirectoryTest(parameterized.TestCase):
 
   def test_t5_1_0_config_without_later_fields(self):
     # As t5-small's config.json: written before feed_forward_proj,
-    # num_decoder_layers and relative_attention_max_distance existed.
+    # num_decoder_layers and relative_attention_max_distance existed (and,
+    # once, under T5ForConditionalGeneration's old name).
     fields = hf_config.t5_fields(
         {
-            "architectures": ["T5ForConditionalGeneration"],
+            "architectures": ["T5WithLMHeadModel"],
             "d_ff": 2048,
             "d_kv": 64,
             "d_model": 512,

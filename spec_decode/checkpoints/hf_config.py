@@ -45,8 +45,13 @@ _REFUSED_TYPES = {
         "code implements T5's full attention)"
     ),
 }
-# Classes that hold an encoder-decoder with a language-model head.
-_ARCHITECTURES = ("T5ForConditionalGeneration", "MT5ForConditionalGeneration")
+# Classes that hold an encoder-decoder with a language-model head
+# (T5WithLMHeadModel: T5ForConditionalGeneration's name in transformers 2).
+_ARCHITECTURES = (
+    "T5ForConditionalGeneration",
+    "MT5ForConditionalGeneration",
+    "T5WithLMHeadModel",
+)
 # Special ids this code's decoders use (spec_decode.inputs); a checkpoint with
 # others would decode with the wrong ones.
 _TOKEN_IDS = {"pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}

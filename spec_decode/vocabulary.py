@@ -21,6 +21,8 @@ import os
 
 import gin
 
+from spec_decode.checkpoints import storage
+
 
 @contextlib.contextmanager
 def _quiet_stderr():
@@ -54,9 +56,16 @@ T5_EXTRA_IDS = 100
 
 
 def spiece_file(path):
-  """The SentencePiece model at `path`: the file itself, or a checkpoint
-  directory's (or a file's directory's) `spiece.model`; None if none."""
-  path = os.path.expandvars(os.path.expanduser(path))
+  """The SentencePiece model a checkpoint path names, or None.
+
+  Args:
+    path: a `.model` file, or a directory (or a file in one) holding
+      `spiece.model`; `~` and environment variables are expanded.
+
+  Returns:
+    The model file's path, or None if there is none.
+  """
+  path = storage.expand(path)
   if os.path.isfile(path) and path.endswith(".model"):
     return path
   directory = path if os.path.isdir(path) else os.path.dirname(path)

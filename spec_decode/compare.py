@@ -133,7 +133,7 @@ def _check_args(
 @gin.configurable
 def run(
     output_dir=gin.REQUIRED,
-    vocabulary=gin.REQUIRED,
+    vocabulary=None,
     gamma=gin.REQUIRED,
     draft="t5",
     temperature=0.0,
@@ -153,7 +153,8 @@ def run(
 
   Args:
     output_dir: where outputs.jsonl, results.json and config.gin go.
-    vocabulary: a seqio.Vocabulary shared by target and draft.
+    vocabulary: a seqio.Vocabulary shared by target and draft; None takes
+      the target checkpoint's `spiece.model` with T5's 100 extra ids.
     gamma: tokens drafted per target call.
     draft: 't5' (the model under the draft/ scope), 'target' (the target as
       its own draft), 'unigram' or 'bigram' (counted over `ngram_corpus`).
@@ -184,6 +185,7 @@ def run(
   _check_args(
       gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
   )
+  vocabulary = _vocabulary(vocabulary)
   texts = inputs_lib.read_inputs()
   encoded = inputs_lib.encode(texts, vocabulary, max_input_len, truncate_inputs)
   target_config = pair.model_config("target")
@@ -304,6 +306,17 @@ def run(
   if jax.process_index() == 0:
     _write(output_dir, rows, results)
   return results
+
+
+def _vocabulary(vocabulary):
+  """run.vocabulary, loaded; unset, the target checkpoint's spiece.model."""
+  # Imported here: it imports seqio, and with it TensorFlow.
+  # pylint: disable-next=g-import-not-at-top
+  from spec_decode import vocabulary as vocabulary_lib
+
+  return vocabulary_lib.for_run(
+      vocabulary, pair.bound_checkpoint_path("target")
+  )
 
 
 def _check_vocabulary(vocabulary, target_config):

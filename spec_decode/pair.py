@@ -1,10 +1,20 @@
 """A run's models: each config under its gin scope, its weights from a checkpoint.
 
-include 'target:models/t5_1_1_xxl.gin'
-target/checkpoint_path.path = 'gs://.../t5_1_1_xxl/checkpoint_1000000'
+  include 'target:models/t5_1_1_xxl.gin'
+  target/checkpoint_path.path = 'gs://.../t5_1_1_xxl/checkpoint_1000000'
+
+A Hugging Face checkpoint directory needs no size file: its `config.json`
+gives the T5Config (`checkpoints.hf_config`),
+
+  target/checkpoint_path.path = '~/models/flan-t5-xl'
+
+and a size file included as well is checked against it: a field it binds to
+another value is an error naming each such field, never silently preferred.
+Gin still sets what config.json does not hold (dtype, dropout_rate).
 """
 
 import dataclasses
+import os
 from typing import Any
 
 import gin
@@ -12,6 +22,8 @@ import jax
 
 from spec_decode import checkpoints
 from spec_decode import partitioning
+from spec_decode.checkpoints import hf_config
+from spec_decode.checkpoints import storage
 from spec_decode.models import t5
 
 
@@ -38,10 +50,81 @@ class LoadedModel:
   params: Any
 
 
-def model_config(scope):
-  """The T5Config bound under `scope`."""
+def bound_checkpoint_path(scope):
+  """The checkpoint path bound under `scope`, expanded; None if unbound."""
   with gin.config_scope(scope):
-    return t5.T5Config()
+    path = gin.get_bindings(checkpoint_path).get("path")
+  return None if path is None else storage.expand(path)
+
+
+def model_config(scope):
+  """The T5Config of the model under `scope`.
+
+  From its checkpoint's config.json when it has one (checked against the
+  T5Config fields gin binds under `scope`), else from gin alone. A dtype of
+  'auto' becomes the checkpoint's stored one.
+
+  Args:
+    scope: 'target' or 'draft'.
+
+  Returns:
+    The T5Config.
+
+  Raises:
+    ValueError: config.json and gin disagree (one line naming each differing
+      field), or config.json is not a T5 this code runs, or 'auto' cannot be
+      resolved.
+  """
+  try:
+    path = bound_checkpoint_path(scope)
+    config_file = _hf_config_file(path)
+    with gin.config_scope(scope):
+      if config_file is None:
+        config = t5.T5Config()
+      else:
+        config = t5.T5Config(**_checked_fields(config_file, scope))
+    if config.dtype == "auto" and path is None:
+      raise ValueError(
+          f"{scope}/T5Config.dtype 'auto' takes the checkpoint's dtype, and "
+          f"{scope}/checkpoint_path.path is not set"
+      )
+    if config.dtype == "auto":
+      config = dataclasses.replace(config, dtype=checkpoints.stored_dtype(path))
+  except checkpoints.CheckpointError as e:
+    raise ValueError(f"{scope} checkpoint: {e}") from e
+  return config
+
+
+def _hf_config_file(path):
+  """The config.json of a local Hugging Face checkpoint; else None."""
+  if path is None or storage.is_gcs(path) or not os.path.exists(path):
+    return None
+  if checkpoints.detect_format(path) is not checkpoints.Format.HUGGING_FACE:
+    return None
+  return hf_config.find(path)
+
+
+def _checked_fields(config_file, scope):
+  """config.json's T5Config fields, once gin's bindings agree with them."""
+  fields = hf_config.t5_fields(hf_config.read(config_file), config_file)
+  with gin.config_scope(scope):
+    bound = gin.get_bindings(t5.T5Config)
+  differing = [
+      f"{name} {_plain(bound[name])!r} (gin) != {value!r}"
+      for name, value in fields.items()
+      if name in bound and _plain(bound[name]) != value
+  ]
+  if differing:
+    raise ValueError(
+        f"{scope}: the gin config differs from {config_file}: "
+        f"{'; '.join(differing)} (drop the size file, or fix it)"
+    )
+  return fields
+
+
+def _plain(value):
+  """A gin-bound value as config.json's fields hold it (lists as tuples)."""
+  return tuple(value) if isinstance(value, list) else value
 
 
 def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):

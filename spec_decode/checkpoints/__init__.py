@@ -8,7 +8,9 @@ Formats:
 * Orbax PyTree (`orbax_pytree.py`): a directory with `_METADATA` (or a T5X
   step directory with one in `state/`), as T5X writes with Orbax today;
 * Hugging Face (`hf.py`): `model.safetensors`, sharded
-  `model.safetensors.index.json`, `pytorch_model.bin` (needs torch);
+  `model.safetensors.index.json`, `pytorch_model.bin` (needs torch),
+  `flax_model.msgpack`; `config.json` beside them gives the model's
+  T5Config (`hf_config.py`);
 * Mesh TensorFlow (the original T5 release): detected and refused, with the
   command that converts it to T5X.
 
@@ -57,6 +59,7 @@ __all__ = [
     "Format",
     "detect_format",
     "load_params",
+    "stored_dtype",
 ]
 
 # The first bytes of TensorFlow's `checkpoint` text file (Mesh TensorFlow).
@@ -107,7 +110,8 @@ def detect_format(path: str) -> Format:
   """Tells which format the checkpoint at `path` is in.
 
   Args:
-    path: a checkpoint directory or file, local or (T5X only) `gs://`.
+    path: a checkpoint directory or file, local or (T5X only) `gs://`; `~`
+      and environment variables are expanded.
 
   Returns:
     The format.
@@ -115,6 +119,7 @@ def detect_format(path: str) -> Format:
   Raises:
     CheckpointFormatError: if nothing is at `path`, or nothing known.
   """
+  path = storage.expand(path)
   if storage.is_gcs(path) or not os.path.isdir(path):
     found = _file_format(path)
     if found is not None:
@@ -177,6 +182,7 @@ def load_params(
       `expected`; the message lists every missing, unexpected and mis-shaped
       parameter and names a vocabulary-size mismatch.
   """
+  path = storage.expand(path)
   wanted = traverse_util.flatten_dict(expected, sep="/")
   found_format = detect_format(path)
   if found_format is Format.MESH_TENSORFLOW:
@@ -188,7 +194,7 @@ def load_params(
     leaves = orbax_pytree.list_arrays(path)
   else:
     leaves, notes = hf.list_params(
-        path, logits_via_embedding=_LOGITS not in wanted
+        path, logits_via_embedding=_LOGITS not in wanted, dtype=dtype
     )
   validate.check_fits(
       {name: leaf.shape for name, leaf in leaves.items()},
@@ -207,6 +213,26 @@ def load_params(
     else:
       params[name] = _place(leaf, leaf_dtype, shardings[name])
   return traverse_util.unflatten_dict(params, sep="/")
+
+
+def stored_dtype(path: str) -> str:
+  """The dtype `T5Config.dtype = 'auto'` takes for the checkpoint at `path`.
+
+  Returns:
+    'bfloat16' if the checkpoint stores its weights in bfloat16, else
+    'float32'.
+
+  Raises:
+    CheckpointFormatError: the checkpoint is not a Hugging Face one (the
+      others do not say their dtype without being read whole).
+  """
+  path = storage.expand(path)
+  if detect_format(path) is not Format.HUGGING_FACE:
+    raise CheckpointFormatError(
+        f"T5Config.dtype = 'auto' reads the stored dtype of Hugging Face "
+        f"checkpoints only; {path} is not one: set 'float32' or 'bfloat16'"
+    )
+  return hf.stored_dtype(path)
 
 
 def _place(leaf, dtype, sharding):

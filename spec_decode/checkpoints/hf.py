@@ -3,7 +3,9 @@
 Reads `model.safetensors`, sharded `model.safetensors.index.json`,
 `pytorch_model.bin` and sharded `pytorch_model.bin.index.json` (the last two
 only when torch is installed; they are opened with `weights_only=True` and
-memory-mapped).
+memory-mapped), and Flax's `flax_model.msgpack` (FlaxT5ForConditionalGeneration,
+as transformers 4 wrote it). A shard named on its own stands for the index
+that lists it.
 
 Names map as follows; S is encoder or decoder, i a layer, (T) a transpose:
 
@@ -34,31 +36,41 @@ Names map as follows; S is encoder or decoder, i a layer, (T) a transpose:
 `shared.weight`: when the model computes logits through the embedding, an
 `lm_head.weight` equal to `shared.weight` is dropped.
 
+Flax names the same tensors with '.'-joined module paths; its Dense layers
+hold `kernel` [in, out] (a torch weight transposed) and its embeddings
+`embedding` (the torch weight as it is), so `shared.embedding` is
+`shared.weight` and `...SelfAttention.q.kernel` is `...SelfAttention.q.weight`
+already transposed.
+
 Memory: tensors are listed from the files' headers, then read one at a time
 (safetensors through `safe_open`, torch files memory-mapped), cast and
-transposed, so only one tensor is in flight beside the loaded parameters.
+transposed, so only one tensor is in flight beside the loaded parameters. A
+Flax msgpack file has no header: it is decoded whole, each array cast to the
+requested dtype as it is read.
 """
 
 import dataclasses
 import json
 import os
-import pickle
 import re
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
-import safetensors
 
+from spec_decode.checkpoints import hf_config
+from spec_decode.checkpoints import hf_files
 from spec_decode.checkpoints import validate
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
+FLAX = "flax_model.msgpack"
+FLAX_INDEX = "flax_model.msgpack.index.json"
 # In order of preference when a directory holds several.
-FILE_NAMES = (SAFETENSORS_INDEX, SAFETENSORS, TORCH_INDEX, TORCH)
-
+FILE_NAMES = (SAFETENSORS_INDEX, SAFETENSORS, TORCH_INDEX, TORCH, FLAX)
+# Indexes of sharded checkpoints, which a lone shard stands for.
+_INDEXES = (SAFETENSORS_INDEX, TORCH_INDEX)
 _LM_HEAD = "lm_head.weight"
 _SHARED = "shared.weight"
 _LOGITS = "decoder/logits_dense/kernel"
@@ -163,136 +175,82 @@ def t5x_name(hf_name: str) -> tuple[str, bool] | None:
 
 
 def find_files(path: str) -> list[str]:
-  """The weight files of an HF checkpoint (a directory or one file).
+  """The weight files of an HF checkpoint (a directory or one file in it).
 
   Args:
     path: a local directory holding one of FILE_NAMES, or one such file (a
-      shard index, a `.safetensors` file or a `.bin` file).
+      shard index, a `.safetensors`, `.bin` or `flax_model.msgpack` file), or
+      the `config.json` of such a directory.
 
   Returns:
-    The files to read (the shards an index lists, or the one file); empty if
-    `path` is not an HF checkpoint.
+    The files to read (the shards an index lists, all of them when `path` is
+    one shard an index lists, or the one file); empty if `path` is not an HF
+    checkpoint.
+
+  Raises:
+    CheckpointFormatError: `path` is a sharded Flax checkpoint (and has no
+      other weights).
   """
   if os.path.isdir(path):
     for name in FILE_NAMES:
       if os.path.isfile(os.path.join(path, name)):
         return find_files(os.path.join(path, name))
-    return []
-  if path.endswith(".index.json"):
-    try:
-      with open(path) as f:
-        weight_map = json.load(f)["weight_map"]
-    except (OSError, ValueError, KeyError) as e:
+    if os.path.isfile(os.path.join(path, FLAX_INDEX)):
       raise validate.CheckpointFormatError(
-          f"{path} is not a Hugging Face shard index: {e!r}"
-      ) from e
-    directory = os.path.dirname(path)
-    return [
-        os.path.join(directory, name)
-        for name in sorted(set(weight_map.values()))
-    ]
+          f"{path} is a sharded Hugging Face Flax checkpoint ({FLAX_INDEX}), "
+          f"which spec_decode does not read; save it with safetensors."
+      )
+    return []
+  if os.path.basename(path) == hf_config.CONFIG_FILE:
+    return find_files(os.path.dirname(path) or ".")
+  if path.endswith(".index.json"):
+    return _shards(path)
   if path.endswith((".safetensors", ".bin")):
+    index = _index_listing(path)
+    return _shards(index) if index else [path]
+  if os.path.basename(path) == FLAX:
     return [path]
   return []
 
 
-def _torch_to_numpy(tensor: Any) -> np.ndarray:
-  """A numpy view of a CPU torch tensor (bfloat16 through its bits)."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  if tensor.dtype == torch.bfloat16:
-    return tensor.view(torch.int16).numpy().view(jnp.bfloat16)
-  return tensor.numpy()
-
-
-@dataclasses.dataclass(frozen=True)
-class HfTensor:
-  """One tensor of an HF checkpoint file, not read yet.
-
-  Attributes:
-    file: the `.safetensors` or `.bin` file holding it.
-    name: its HF name.
-    transpose: whether the t5x parameter is its transpose.
-    stored_shape: its shape in the file.
-    tensor: for a torch file, the memory-mapped torch tensor.
-  """
-
-  file: str
-  name: str
-  transpose: bool
-  stored_shape: tuple[int, ...]
-  tensor: Any = None
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    """The t5x parameter's shape."""
-    return self.stored_shape[::-1] if self.transpose else self.stored_shape
-
-  def read_stored(self, index=()) -> np.ndarray:
-    """The tensor as stored, [*stored_shape][index], in its stored dtype."""
-    if self.tensor is not None:
-      return _torch_to_numpy(self.tensor[index] if index else self.tensor)
-    with safetensors.safe_open(self.file, framework="numpy") as f:
-      if not index:
-        return f.get_tensor(self.name)
-      return f.get_slice(self.name)[index]
-
-  def read(self, dtype=None, index=()) -> np.ndarray:
-    """The t5x parameter, [*shape][index], cast to `dtype` if given.
-
-    Args:
-      dtype: floating-point tensors are cast to it; None keeps the stored one.
-      index: a tuple of slices into the t5x parameter (a device's shard); only
-        that part is read from a safetensors file.
-    """
-    if not self.transpose:
-      return validate.cast(self.read_stored(tuple(index)), dtype)
-    index = tuple(index) + (slice(None),) * (len(self.shape) - len(index))
-    return validate.cast(self.read_stored(index[::-1]).T, dtype)
-
-
-def _list_file(file: str) -> dict[str, HfTensor]:
-  """Every tensor of one file, by HF name, reading headers only."""
-  if file.endswith(".safetensors"):
-    try:
-      with safetensors.safe_open(file, framework="numpy") as f:
-        return {
-            name: HfTensor(
-                file, name, False, tuple(f.get_slice(name).get_shape())
-            )
-            for name in f.keys()
-        }
-    except (safetensors.SafetensorError, OSError) as e:
-      raise validate.CheckpointFormatError(f"Cannot read {file}: {e}") from e
+def _shards(index: str) -> list[str]:
+  """The files a shard index lists."""
   try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
+    with open(index) as f:
+      weight_map = json.load(f)["weight_map"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
     raise validate.CheckpointFormatError(
-        f"{file} is a PyTorch checkpoint and torch is not installed; install "
-        f"torch or convert it to safetensors."
+        f"{index} is not a Hugging Face shard index: {e!r}"
     ) from e
-  try:
-    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-  except (RuntimeError, OSError, pickle.UnpicklingError) as e:
-    raise validate.CheckpointFormatError(
-        f"Cannot read {file} with torch.load(weights_only=True, mmap=True): "
-        f"{e}"
-    ) from e
-  return {
-      name: HfTensor(file, name, False, tuple(t.shape), t)
-      for name, t in state.items()
-  }
+  directory = os.path.dirname(index)
+  return [
+      os.path.join(directory, name) for name in sorted(set(weight_map.values()))
+  ]
+
+
+def _index_listing(shard: str) -> str | None:
+  """The shard index beside `shard` that lists it, if any."""
+  directory = os.path.dirname(shard)
+  for index_name in _INDEXES:
+    index = os.path.join(directory, index_name)
+    if os.path.isfile(index) and shard in _shards(index):
+      return index
+  return None
 
 
 def list_params(
-    path: str, logits_via_embedding: bool
-) -> tuple[dict[str, HfTensor], list[str]]:
+    path: str, logits_via_embedding: bool, dtype=None
+) -> tuple[dict[str, hf_files.HfTensor], list[str]]:
   """Lists an HF T5 checkpoint under t5x names, reading no weights.
 
   Args:
     path: an HF checkpoint directory or weight file (see `find_files`).
     logits_via_embedding: whether the model computes logits through the
       token embedding (T5 1.0); a tied `lm_head.weight` is then dropped.
+      Otherwise a checkpoint without `lm_head.weight` whose `config.json`
+      ties it to the embedding without T5 1.0's rescaling (as transformers 5
+      saves a T5 1.1 built from a config) reads `shared.weight` for it.
+    dtype: what a Flax file's arrays are cast to as they are decoded.
 
   Returns:
     t5x name -> HfTensor; and notes explaining names that will not fit
@@ -301,15 +259,7 @@ def list_params(
   Raises:
     CheckpointFormatError: if `path` holds no HF weight file.
   """
-  files = find_files(path)
-  if not files:
-    raise validate.CheckpointFormatError(
-        f"No Hugging Face weights at {path}: expected one of "
-        f"{', '.join(FILE_NAMES)}."
-    )
-  stored = {}
-  for file in files:
-    stored.update(_list_file(file))
+  stored = _list_stored(path, dtype)
   notes = []
   if logits_via_embedding and _LM_HEAD in stored:
     if _tied(stored):
@@ -321,15 +271,62 @@ def list_params(
           f"embedding (T5 1.0)"
       )
   params = {}
+  if not logits_via_embedding and _lm_head_is_shared(path, stored):
+    params[_LOGITS] = dataclasses.replace(stored[_SHARED], transpose=True)
   for hf_name, tensor in stored.items():
     mapped = t5x_name(hf_name)
     if mapped is not None:
       name, transpose = mapped
-      params[name] = dataclasses.replace(tensor, transpose=transpose)
+      params[name] = dataclasses.replace(
+          tensor, transpose=transpose != tensor.kernel
+      )
   return params, notes
 
 
-def _tied(stored: dict[str, HfTensor]) -> bool:
+def _list_stored(path: str, dtype=None) -> dict[str, hf_files.HfTensor]:
+  """Every tensor of the checkpoint's weight files, by torch name."""
+  files = find_files(path)
+  if not files:
+    raise validate.CheckpointFormatError(
+        f"No Hugging Face weights at {path}: expected one of "
+        f"{', '.join(FILE_NAMES)}."
+    )
+  stored = {}
+  for file in files:
+    stored.update(hf_files.list_file(file, dtype))
+  return stored
+
+
+def _lm_head_is_shared(path: str, stored: dict[str, Any]) -> bool:
+  """Whether config.json ties a missing lm_head to shared, unscaled."""
+  config_file = hf_config.find(path)
+  if _LM_HEAD in stored or _SHARED not in stored or config_file is None:
+    return False
+  config = hf_config.read(config_file)
+  return bool(
+      config.get("tie_word_embeddings", True)
+  ) and not hf_config.logits_via_embedding(config)
+
+
+def stored_dtype(path: str) -> str:
+  """The dtype to compute in for the checkpoint's stored weights.
+
+  Args:
+    path: an HF checkpoint directory or weight file.
+
+  Returns:
+    'bfloat16' when every floating-point tensor is stored in bfloat16, else
+    'float32' (float16 weights too: T5's activations overflow float16).
+  """
+  dtypes = {
+      tensor.dtype
+      for tensor in _list_stored(path).values()
+      if tensor.dtype.startswith(("float", "bfloat"))
+  }
+  return "bfloat16" if dtypes == {"bfloat16"} else "float32"
+
+
+def _tied(stored: dict[str, hf_files.HfTensor]) -> bool:
   """Whether lm_head.weight equals shared.weight (read as stored)."""
   if _SHARED not in stored:
     return False

@@ -17,11 +17,34 @@ import tensorstore as ts
 from spec_decode.checkpoints import validate
 
 _GCS_PATH = re.compile(r"gs://([^/]+)/?(.*)", re.DOTALL)
+# $NAME or ${NAME}, as os.path.expandvars reads them.
+_ENV_VAR = re.compile(r"\$(?:(\w+)|\{([^}]*)\})")
 
 
 def is_gcs(path: str) -> bool:
   """Whether `path` names a Google Cloud Storage object (`gs://...`)."""
   return _GCS_PATH.fullmatch(os.fspath(path)) is not None
+
+
+def expand(path: str) -> str:
+  """`path` with `~` and environment variables ($VAR, ${VAR}) expanded.
+
+  Raises:
+    CheckpointFormatError: if it names an environment variable that is not
+      set (expanding it to nothing would silently change the path).
+  """
+  path = os.fspath(path)
+  unset = [
+      m[1] or m[2]
+      for m in _ENV_VAR.finditer(path)
+      if (m[1] or m[2]) not in os.environ
+  ]
+  if unset:
+    raise validate.CheckpointFormatError(
+        f"{path}: environment variable {', '.join(unset)} is not set"
+    )
+  expanded = os.path.expandvars(path)
+  return expanded if is_gcs(expanded) else os.path.expanduser(expanded)
 
 
 def kvstore_spec(directory: str, relative: str = "") -> dict[str, Any]:

@@ -30,8 +30,10 @@ class T5Config:
     num_buckets: relative position buckets per stack.
     max_distance: the distance from which all positions share one bucket.
     dropout_rate: dropout in training; decoding never uses it.
-    dtype: activation dtype name ('float32' or 'bfloat16'); logits, norms and
-      attention softmax stay in float32.
+    dtype: activation and parameter dtype name ('float32' or 'bfloat16');
+      logits, norms and attention softmax stay in float32. 'auto' takes the
+      checkpoint's stored dtype (`pair.model_config` resolves it: bfloat16
+      for a Hugging Face checkpoint stored in bfloat16, else float32).
   """
 
   vocab_size: int = gin.REQUIRED
@@ -71,13 +73,18 @@ class T5Config:
           f"T5Config.mlp_activations: unknown {sorted(unknown)}; "
           f"known: {sorted(known)}"
       )
-    if self.dtype not in ("float32", "bfloat16"):
+    if self.dtype not in ("float32", "bfloat16", "auto"):
       raise ValueError(
-          f"T5Config.dtype must be 'float32' or 'bfloat16', got "
+          f"T5Config.dtype must be 'float32', 'bfloat16' or 'auto', got "
           f"{self.dtype!r}"
       )
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
 
   @property
   def activation_dtype(self):
+    if self.dtype == "auto":
+      raise ValueError(
+          "T5Config.dtype 'auto' is resolved from a checkpoint "
+          "(pair.model_config); this config was not"
+      )
     return jnp.dtype(self.dtype)

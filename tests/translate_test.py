@@ -11,6 +11,9 @@ from absl.testing import absltest
 import gin
 import seqio
 
+# Registers its gin configurables before gin_config.parse locks the config
+# (translate() imports it lazily, after the parse).
+from spec_decode import data  # pylint: disable=unused-import
 from spec_decode import gin_config
 from spec_decode import translate
 from spec_decode import vocabulary  # pylint: disable=unused-import

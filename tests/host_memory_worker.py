@@ -5,13 +5,12 @@ Usage:
   python host_memory_worker.py load DIRECTORY   # prints a JSON line
 
 `load` prints the resident set size before the load and the peak during it
-(ru_maxrss, whole process), in bytes, with the parameters' total and largest
+(VmHWM), in bytes, with the parameters' total and largest
 sizes, so that the test can hold the peak to one copy of the parameters.
 """
 
 import json
 import os
-import resource
 import sys
 
 from flax import serialization
@@ -35,9 +34,21 @@ CONFIG = t5.T5Config(
 )
 
 
-def _rss_bytes():
-  with open("/proc/self/statm") as f:
-    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _status_bytes(field):
+  """A memory figure of this process from /proc/self/status, in bytes.
+
+  VmHWM, the peak resident set, belongs to the process's own memory map. (Not
+  ru_maxrss: Linux keeps that across exec, so a child of a large pytest
+  process would report its parent's size.)
+
+  Args:
+    field: "VmRSS" (now) or "VmHWM" (the peak so far).
+  """
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) * 1024
+  raise ValueError(f"No {field} in /proc/self/status.")
 
 
 def write(directory):
@@ -58,9 +69,9 @@ def load(directory):
   """Loads the checkpoint in float32; prints the memory figures as JSON."""
   expected = t5.param_shapes(CONFIG)
   jax.devices()  # The backend's own memory, before the baseline.
-  before = _rss_bytes()
+  before = _status_bytes("VmRSS")
   params = checkpoints.load_params(directory, expected)
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  peak = _status_bytes("VmHWM")
   sizes = [leaf.nbytes for leaf in jax.tree.leaves(params)]
   print(
       json.dumps(

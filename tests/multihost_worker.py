@@ -13,7 +13,6 @@ import jax
 import numpy as np
 
 from spec_decode import distributed
-import multihost_test
 import partitioning_test
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -30,9 +29,7 @@ def main(port, process_id, output):
   params, draft_params = partitioning_test.random_params()
   decoders = partitioning_test.make_engine((2, 4), params, draft_params)
   assert dict(decoders.mesh.shape) == {"data": 2, "model": 4}
-  outputs = partitioning_test.decode(
-      decoders, partitioning_test.inputs(), multihost_test.TEMPERATURES
-  )
+  outputs = partitioning_test.decode(decoders, partitioning_test.inputs())
   if jax.process_index() == 0:
     np.savez(
         output,

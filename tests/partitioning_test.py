@@ -71,11 +71,11 @@ def make_engine(mesh_shape, params, draft_params, replicate_draft=False):
   )
 
 
-def decode(decoders, rows, temperatures=(0.0, 1.0)):
-  """Baseline and speculative sequences, {temperature: (baseline, spec)}."""
+def decode(decoders, rows):
+  """Baseline and speculative sequences, greedy and sampled."""
   placed = decoders.place_inputs(rows)
   outputs = {}
-  for temperature in temperatures:
+  for temperature in (0.0, 1.0):
     config = sampling.SamplingConfig(temperature)
     rng = jax.random.key(3)
     baseline = decoders.baseline(

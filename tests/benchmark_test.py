@@ -7,6 +7,7 @@ sentences in seconds.
 
 import contextlib
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -32,6 +33,15 @@ _GAMMAS = (1, 2)
 _DRAFTS = ("unigram", "bigram")
 _NUM_EXAMPLES = 3
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_GOLDEN = pathlib.Path(__file__).parent / "testdata" / "golden_table2.json"
+_GOLDEN_KEYS = (
+    "alpha",
+    "alpha_estimate",
+    "tokens_per_target_call",
+    "target_calls",
+    "speculative_tokens",
+    "baseline_tokens",
+)
 
 
 class BenchmarkTest(absltest.TestCase):
@@ -147,6 +157,24 @@ table2.sweep.progress = False
       self.assertIn(best["measured_gamma"], _GAMMAS)
       self.assertIn(best["predicted_gamma"], _GAMMAS)
       self.assertGreaterEqual(best["optimal_gamma"], 1)
+
+  def test_greedy_points_equal_the_golden_file(self):
+    # Exact counts for fixed inputs, written once with
+    # SPEC_DECODE_WRITE_GOLDEN=1 and reviewed by hand.
+    points = json.loads((self.out / "table2.json").read_text())["points"]
+    got = [
+        dict(
+            draft=p["draft"],
+            gamma=p["gamma"],
+            **{key: p[key] for key in _GOLDEN_KEYS},
+        )
+        for p in points
+    ]
+    for point in got:  # Greedy: beta is 1 exactly where the draft matched.
+      self.assertAlmostEqual(point["alpha"], point["alpha_estimate"], places=9)
+    if os.environ.get("SPEC_DECODE_WRITE_GOLDEN"):
+      _GOLDEN.write_text(json.dumps(got, indent=2) + "\n")
+    self.assertEqual(got, json.loads(_GOLDEN.read_text()))
 
   def test_markdown_has_a_row_per_point(self):
     self.assertEqual((self.out / "table2.md").read_text(), self.markdown)

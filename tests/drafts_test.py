@@ -84,5 +84,42 @@ class NgramTest(absltest.TestCase):
       drafts.count_bigrams([[2, 6]], 6)
 
 
+class DraftsInspectedTest(absltest.TestCase):
+  """The drafts themselves: a token the corpus never holds is never drafted.
+
+  A sampled decode of 64 rows with a bigram draft that has no mass on tokens
+  4 and 5; every drafted token the target judged (the accepted ones, and the
+  rejected one at each replacement) is read back from the result.
+  """
+
+  def test_judged_drafts_hold_only_corpus_tokens(self):
+    target = fake_models.random_model(0, 6, eos_bias=-1.0)
+    draft = drafts.ngram_draft(drafts.count_bigrams(CORPUS[:2], 6), 64)
+    contexts = fake_models.context_ids(64)
+    result = speculative.speculative_decode(
+        target,
+        draft.decode_fn,
+        target.init_cache(contexts, 16),
+        draft.cache,
+        jax.random.key(0),
+        gamma=3,
+        max_decode_len=12,
+        config=sampling.SamplingConfig(),
+    )
+    sources = np.asarray(result.token_sources)
+    sequences = np.asarray(result.sequences)
+    accepted = sequences[sources == speculative.ACCEPTED]
+    rejected = np.asarray(result.rejected_tokens)[
+        sources == speculative.REPLACEMENT
+    ]
+    judged = np.concatenate([accepted, rejected])
+    self.assertLen(judged, int(result.drafted_tokens.sum()))
+    self.assertGreater(len(judged), 200)
+    self.assertEqual(set(judged.tolist()) & {4, 5}, set())
+    # All of the corpus's tokens are drafted, and the target emits 4 and 5.
+    self.assertEqual(set(judged.tolist()), {1, 2, 3})
+    self.assertTrue(np.isin(sequences, [4, 5]).any())
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -28,10 +28,13 @@ EOS_ID = 1
 MAX_DECODE_LEN = 3
 NUM_SAMPLES = 20_000
 CONTEXT = 7  # Every row decodes the same input, so samples are i.i.d.
-# The chi-square tests' level: with 16 cases, a false alarm in 1 suite run of
-# 600 under the null. (A residual drawn from the target instead of
+# The chi-square tests' level: with 19 cases, a false alarm in 1 suite run of
+# 500 under the null. (A residual drawn from the target instead of
 # max(0, p - q) gives p-values below 1e-30 here.)
 CHI_SQUARE_LEVEL = 1e-4
+# New tokens of the several-iterations cases (781 outcomes, 222 of them
+# expected at least 5 times in NUM_SAMPLES).
+LONG_DECODE_LEN = 4
 
 CONFIGS = {
     "temperature_1": sampling.SamplingConfig(),
@@ -65,22 +68,23 @@ def _draft(kind, target, capacity):
   return drafts.target_as_draft(target, target.init_cache(contexts, capacity))
 
 
-def _exact_distribution(target, config):
+def _exact_distribution(target, config, max_decode_len=MAX_DECODE_LEN):
   """Maps every outcome (a token tuple) to its exact probability."""
   triples = np.array(
-      list(itertools.product(range(VOCAB_SIZE), repeat=MAX_DECODE_LEN))
-  )  # [V^3, 3]
+      list(itertools.product(range(VOCAB_SIZE), repeat=max_decode_len))
+  )  # [V^n, n], n = max_decode_len
   inputs = np.concatenate(
       [np.full((len(triples), 1), decoding.BOS_ID), triples[:, :-1]], axis=1
-  )  # [V^3, 3]: [BOS, y_1, y_2]
+  )  # [V^n, n]: [BOS, y_1, ..., y_{n-1}]
   logits, _ = target(
-      jnp.asarray(inputs), target.init_cache([CONTEXT] * len(triples), 3)
+      jnp.asarray(inputs),
+      target.init_cache([CONTEXT] * len(triples), max_decode_len),
   )
   probs = np.asarray(sampling.logits_to_probs(logits, config), np.float64)
   token_probs = np.take_along_axis(probs, triples[..., None], -1)[..., 0]
   distribution = {}
   for triple, step_probs in zip(triples, token_probs):
-    length = MAX_DECODE_LEN
+    length = max_decode_len
     if EOS_ID in triple:
       length = list(triple).index(EOS_ID) + 1
     distribution[tuple(triple[:length])] = np.prod(step_probs[:length])
@@ -114,6 +118,41 @@ def _tv_bound(distribution, num_samples, failure_probability=1e-6):
   mean_bound = 0.5 * np.sum(np.sqrt(probs * (1 - probs) / num_samples))
   deviation = math.sqrt(math.log(1 / failure_probability) / (2 * num_samples))
   return mean_bound + deviation
+
+
+def _assert_follows(test, result, distribution):
+  """The rows of `result` are samples from `distribution` (chi-square, TV).
+
+  Args:
+    test: the TestCase.
+    result: a decoder's result, its rows i.i.d. samples.
+    distribution: outcome -> exact probability.
+  """
+  num_samples = len(result.lengths)
+  test.assertAlmostEqual(sum(distribution.values()), 1.0, places=5)
+  counts = dict.fromkeys(distribution, 0)
+  for row, length in zip(np.asarray(result.sequences), result.lengths):
+    counts[tuple(row[:length])] += 1  # A KeyError is an impossible outcome.
+  outcomes = sorted(distribution, key=distribution.get)
+  observed = np.array([counts[outcome] for outcome in outcomes])
+  expected = num_samples * np.array([distribution[o] for o in outcomes])
+  test.assertEqual(observed[expected == 0].sum(), 0)
+
+  # Chi-square, with the outcomes expected fewer than 5 times pooled.
+  rare = expected < 5
+  observed = np.concatenate([[observed[rare].sum()], observed[~rare]])
+  expected = np.concatenate([[expected[rare].sum()], expected[~rare]])
+  if expected[0] == 0:
+    observed, expected = observed[1:], expected[1:]
+  _, p_value = scipy.stats.chisquare(
+      observed, expected * (num_samples / expected.sum())
+  )
+  test.assertGreater(p_value, CHI_SQUARE_LEVEL)
+
+  total_variation = 0.5 * sum(
+      abs(counts[o] / num_samples - distribution[o]) for o in distribution
+  )
+  test.assertLess(total_variation, _tv_bound(distribution, num_samples))
 
 
 class LosslessTest(parameterized.TestCase):
@@ -152,32 +191,43 @@ class LosslessTest(parameterized.TestCase):
           eos_id=EOS_ID,
           config=config,
       )
-    distribution = _exact_distribution(target, config)
-    self.assertAlmostEqual(sum(distribution.values()), 1.0, places=5)
+    _assert_follows(self, result, _exact_distribution(target, config))
 
-    counts = dict.fromkeys(distribution, 0)
-    for row, length in zip(np.asarray(result.sequences), result.lengths):
-      counts[tuple(row[:length])] += 1  # A KeyError is an impossible outcome.
-    outcomes = sorted(distribution, key=distribution.get)
-    observed = np.array([counts[outcome] for outcome in outcomes])
-    expected = NUM_SAMPLES * np.array([distribution[o] for o in outcomes])
-    self.assertEqual(observed[expected == 0].sum(), 0)
 
-    # Chi-square, with the rarest outcomes pooled until each cell expects 5.
-    rare = np.cumsum(expected) < 5
-    observed = np.concatenate([[observed[rare].sum()], observed[~rare]])
-    expected = np.concatenate([[expected[rare].sum()], expected[~rare]])
-    if expected[0] == 0:
-      observed, expected = observed[1:], expected[1:]
-    _, p_value = scipy.stats.chisquare(
-        observed, expected * (NUM_SAMPLES / expected.sum())
+class SeveralIterationsTest(parameterized.TestCase):
+  """The target as its own draft over several iterations.
+
+  Every draft is accepted, so each iteration emits gamma drafts and a bonus
+  token from p_{gamma+1}, and the next one catches the draft up on it. At
+  gamma 1 and 2 and 4 new tokens, a row takes 2 iterations (gamma 1: 2 + 2
+  tokens; gamma 2: 3 + 1), unless EOS ends it first.
+  """
+
+  @parameterized.parameters(
+      ("temperature_1", 1), ("temperature_1", 2), ("top_k_3", 1)
+  )
+  def test_samples_follow_the_target_distribution(self, config_name, gamma):
+    config = CONFIGS[config_name]
+    max_decode_len = LONG_DECODE_LEN
+    target = _target()
+    capacity = max_decode_len + gamma + 1
+    draft = _draft("target", target, capacity)
+    result = speculative.speculative_decode(
+        target,
+        draft.decode_fn,
+        target.init_cache([CONTEXT] * NUM_SAMPLES, capacity),
+        draft.cache,
+        jax.random.key(100 + gamma),
+        gamma=gamma,
+        max_decode_len=max_decode_len,
+        eos_id=EOS_ID,
+        config=config,
     )
-    self.assertGreater(p_value, CHI_SQUARE_LEVEL)
-
-    total_variation = 0.5 * sum(
-        abs(counts[o] / NUM_SAMPLES - distribution[o]) for o in distribution
+    # Most rows run past one iteration, through a bonus token.
+    self.assertGreater(np.mean(np.asarray(result.target_calls) >= 2), 0.3)
+    _assert_follows(
+        self, result, _exact_distribution(target, config, max_decode_len)
     )
-    self.assertLess(total_variation, _tv_bound(distribution, NUM_SAMPLES))
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ class MultiHostTest(absltest.TestCase):
     output = os.path.join(tempfile.mkdtemp(), "outputs.npz")
     port = _free_port()
     env = dict(os.environ)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    # This checkout's spec_decode, not an installed one.
     env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [os.path.dirname(__file__), env.get("PYTHONPATH")])
+        filter(None, [os.path.dirname(tests), tests, env.get("PYTHONPATH")])
     )
     workers = [
         subprocess.Popen(

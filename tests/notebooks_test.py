@@ -7,6 +7,7 @@ installs nothing, so the notebooks need no network. Both take about two
 minutes on 2 CPU cores, mostly compiling.
 """
 
+import json
 import pathlib
 import tempfile
 
@@ -14,6 +15,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import nbclient
 import nbformat
+
+import run_test
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _NOTEBOOKS = ("speculative_decoding.ipynb", "acceptance_analysis.ipynb")
@@ -39,6 +42,97 @@ def _snapshot():
   return files, sorted(path.name for path in _ROOT.iterdir())
 
 
+def _execute(notebook, probe):
+  """Runs `notebook` in place, then `probe` in its kernel; returns its JSON.
+
+  Raises CellExecutionError, with the cell and its traceback, if any cell
+  fails.
+  """
+  with tempfile.TemporaryDirectory() as cwd:
+    client = nbclient.NotebookClient(
+        notebook,
+        kernel_name="python3",
+        timeout=_CELL_TIMEOUT_S,
+        resources={"metadata": {"path": cwd}},
+    )
+    with client.setup_kernel():
+      for index, cell in enumerate(notebook.cells):
+        client.execute_cell(cell, index)
+      cell = nbformat.v4.new_code_cell(probe)
+      notebook.cells.append(cell)
+      client.execute_cell(cell, len(notebook.cells) - 1)
+      cell = notebook.cells[-1]
+  text = "".join(o.get("text", "") for o in cell.outputs)
+  return json.loads(text.strip().splitlines()[-1])
+
+
+# Key numbers, read from each notebook's kernel after its last cell.
+_PROBES = {
+    "speculative_decoding.ipynb": """
+import json
+print(json.dumps(dict(
+    identical=bool(np.array_equal(result.sequences, baseline.sequences)),
+    side_by_side_alpha=float(result.acceptance_rate()),
+    sweep=[
+        {key: r[key] for key in (
+            "gamma", "alpha", "alpha_estimate", "mismatches",
+            "tokens_per_target_call")}
+        for r in sweep
+    ],
+)))
+""",
+    "acceptance_analysis.ipynb": """
+import json
+print(json.dumps({
+    name: dict(
+        accepted=int(result.accepted_tokens.sum()),
+        judged=int(result.drafted_tokens.sum()),
+        estimate=float(result.beta_sum.sum() / result.drafted_tokens.sum()),
+        by_position=acceptance.rates_by_position(
+            list(itertools.chain.from_iterable(blocks[name])), GAMMA
+        ).judged.tolist(),
+    )
+    for name, result in results.items()
+}))
+""",
+}
+
+
+def _check_speculative_decoding(test, numbers):
+  """notebooks/README.md's figures of speedup_vs_gamma.png, greedy."""
+  test.assertTrue(numbers["identical"])
+  sweep = numbers["sweep"]
+  test.assertEqual([r["gamma"] for r in sweep], [1, 2, 4])
+  for r, alpha, tokens in zip(sweep, (0.689, 0.691, 0.706), (1.62, 2.03, 2.40)):
+    test.assertEqual(r["mismatches"], 0)
+    test.assertAlmostEqual(r["alpha"], r["alpha_estimate"], places=9)
+    test.assertEqual(round(r["alpha"], 3), alpha, r)
+    test.assertEqual(round(r["tokens_per_target_call"], 2), tokens, r)
+
+
+def _check_acceptance_analysis(test, numbers):
+  """notebooks/README.md's figures of acceptance_rates.png, alpha_estimate."""
+  greedy, sampled = numbers["greedy"], numbers["temperature 1"]
+  test.assertEqual(greedy["judged"], 412)
+  test.assertEqual(round(greedy["accepted"] / greedy["judged"], 4), 0.6456)
+  test.assertAlmostEqual(
+      greedy["accepted"] / greedy["judged"], greedy["estimate"], places=6
+  )
+  test.assertEqual(greedy["by_position"], [199, 110, 66, 37])
+  # Sampled: the empirical rate within its interval of the estimate.
+  test.assertGreater(sampled["judged"], 300)
+  test.assertLess(
+      abs(sampled["accepted"] / sampled["judged"] - sampled["estimate"]),
+      run_test.alpha_interval(sampled["judged"]),
+  )
+
+
+_CHECKS = {
+    "speculative_decoding.ipynb": _check_speculative_decoding,
+    "acceptance_analysis.ipynb": _check_acceptance_analysis,
+}
+
+
 class NotebooksTest(parameterized.TestCase):
 
   @parameterized.parameters(*_NOTEBOOKS)
@@ -55,16 +149,9 @@ class NotebooksTest(parameterized.TestCase):
   def test_runs_without_errors(self, name):
     notebook = _read(name)
     before = _snapshot()
-    with tempfile.TemporaryDirectory() as cwd:
-      # Raises CellExecutionError, with the cell and its traceback, if any
-      # cell fails.
-      nbclient.NotebookClient(
-          notebook,
-          kernel_name="python3",
-          timeout=_CELL_TIMEOUT_S,
-          resources={"metadata": {"path": cwd}},
-      ).execute()
+    numbers = _execute(notebook, _PROBES[name])
     self.assertEqual(_snapshot(), before)
+    _CHECKS[name](self, numbers)
     outputs = [
         output
         for cell in notebook.cells

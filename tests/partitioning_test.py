@@ -6,6 +6,7 @@ say; a sharded checkpoint load reads each shard's slice once.
 """
 
 import os
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -14,9 +15,13 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from spec_decode import checkpoints
+from spec_decode import decoding
+from spec_decode import drafts
 from spec_decode import engine
+from spec_decode import inputs as inputs_lib
 from spec_decode import partitioning
 from spec_decode import sampling
+from spec_decode import speculative
 from spec_decode.checkpoints import tensorstore_leaf
 from spec_decode.models import t5
 
@@ -258,6 +263,58 @@ class ShardedLoadTest(absltest.TestCase):
         jax.tree.leaves(sharded), jax.tree.leaves(shardings)
     ):
       self.assertEqual(got.sharding, sharding)
+
+
+class KeyTest(absltest.TestCase):
+  """Every process samples with the caller's key itself.
+
+  The other tests compare the Engine with itself on a (1, 1) mesh, which a
+  key derived from the process (or the mesh) would pass. Here the Engine's
+  sampled tokens equal the plain decoders' on the host with the same key,
+  and the key the Engine places is the caller's whatever the process index.
+  """
+
+  def test_sampled_tokens_equal_the_plain_decoders(self):
+    params, draft_params = random_params()
+    rows = inputs()
+    config = sampling.SamplingConfig(1.0)
+    rng = jax.random.key(3)
+    capacity = MAX_DECODE_LEN + GAMMA + 1
+    target = drafts.t5_draft(t5.Transformer(TARGET), params, rows, capacity)
+    draft = drafts.t5_draft(t5.Transformer(DRAFT), draft_params, rows, capacity)
+    spec = speculative.speculative_decode(
+        target.decode_fn,
+        draft.decode_fn,
+        target.cache,
+        draft.cache,
+        rng,
+        gamma=GAMMA,
+        max_decode_len=MAX_DECODE_LEN,
+        eos_id=inputs_lib.EOS_ID,
+        config=config,
+    )
+    target = drafts.t5_draft(
+        t5.Transformer(TARGET), params, rows, MAX_DECODE_LEN
+    )
+    baseline = decoding.autoregressive_decode(
+        target.decode_fn,
+        target.cache,
+        rng,
+        max_decode_len=MAX_DECODE_LEN,
+        eos_id=inputs_lib.EOS_ID,
+        config=config,
+    )
+    got = decode(make_engine((2, 4), params, draft_params), rows)[1.0]
+    np.testing.assert_array_equal(got[0], baseline.sequences)
+    np.testing.assert_array_equal(got[1], spec.sequences)
+
+  def test_placed_key_is_the_callers_in_every_process(self):
+    decoders = make_engine((2, 4), *random_params())
+    rng = jax.random.key(3)
+    for process_index in (0, 1):
+      with mock.patch.object(jax, "process_index", return_value=process_index):
+        placed = decoders._place_key(rng)  # pylint: disable=protected-access
+      np.testing.assert_array_equal(placed, jax.random.key_data(rng))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """spec_decode.run end to end on a tiny pair, and its one-line errors."""
 
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -25,6 +26,37 @@ _WORDS = (
     "gras . the woman reads a book near the water ."
 ).split()
 _GAMMA = 3
+# Exact outputs of the greedy run for its fixed inputs, written once with
+# SPEC_DECODE_WRITE_GOLDEN=1 and reviewed by hand.
+_GOLDEN = pathlib.Path(__file__).parent / "testdata" / "golden_run_greedy.json"
+_GOLDEN_COUNTS = (
+    "alpha",
+    "alpha_estimate",
+    "baseline_tokens",
+    "speculative_tokens",
+    "target_calls",
+)
+
+
+def alpha_interval(judged, failure_probability=1e-6):
+  """How far the measured alpha may be from its estimate E[beta].
+
+  Each judged draft is accepted with probability beta given the past, so
+  (accepted - sum beta) is a martingale with increments of range 1, and by
+  the Azuma-Hoeffding inequality |alpha - alpha_estimate| exceeds
+  sqrt(log(2 / delta) / (2 n)) with probability at most delta, for n judged
+  drafts. A union over the n <= judged possible counts gives delta =
+  failure_probability / judged.
+
+  Args:
+    judged: drafted tokens the target judged.
+    failure_probability: the chance, for a correct sampler, of exceeding it.
+
+  Returns:
+    The half-width of the interval.
+  """
+  delta = failure_probability / judged
+  return math.sqrt(math.log(2 / delta) / (2 * judged))
 
 
 def _tiny_model_gin(vocab_size, emb_dim, layers):
@@ -178,6 +210,36 @@ make_mesh.num_devices = 2
     self.assertIsNone(results["mismatches"])
     self.assertBetween(results["alpha"], 0.0, 1.0)
     self.assertBetween(results["tokens_per_target_call"], 1.0, _GAMMA + 1)
+
+  def test_greedy_outputs_equal_the_golden_file(self):
+    out = self.tmp / "golden"
+    results = self._run(f"run.output_dir = '{out}'")
+    rows = [
+        json.loads(line)
+        for line in (out / "outputs.jsonl").read_text().splitlines()
+    ]
+    got = dict(
+        outputs=[[row["input"], row["speculative"]] for row in rows],
+        **{key: results[key] for key in _GOLDEN_COUNTS},
+    )
+    if os.environ.get("SPEC_DECODE_WRITE_GOLDEN"):
+      _GOLDEN.write_text(json.dumps(got, indent=2, ensure_ascii=False) + "\n")
+    self.assertEqual(got, json.loads(_GOLDEN.read_text()))
+
+  def test_sampled_alpha_is_within_its_interval_of_the_estimate(self):
+    results = self._run(
+        f"run.output_dir = '{self.tmp / 'sampled_alpha'}'",
+        "run.temperature = 1.0",
+        "run.gamma = 1",
+        "run.max_decode_len = 48",
+    )
+    # At gamma 1 every target call judges exactly one draft.
+    drafted = results["target_calls"]
+    self.assertGreater(drafted, 0)
+    self.assertLess(
+        abs(results["alpha"] - results["alpha_estimate"]),
+        alpha_interval(drafted),
+    )
 
   def test_unknown_binding_is_one_line(self):
     done = self._cli("run.output_dir = '/tmp/x'", "run.gama = 3")

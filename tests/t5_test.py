@@ -1,4 +1,5 @@
-"""Cached decoding equals one teacher-forced forward pass, in float32."""
+"""The T5 model: cached decoding against one teacher-forced pass, and both
+against transformers' PyTorch T5, in float32."""
 
 import functools
 
@@ -13,6 +14,8 @@ from spec_decode.models import t5
 
 # Cached and full passes sum the same terms in a different order.
 ATOL = 1e-5
+# Against transformers' PyTorch T5, in float32 (as in hf_parity_test).
+TORCH_ATOL = 1e-4
 
 
 def _config(family):
@@ -153,14 +156,25 @@ class CachedDecodeTest(parameterized.TestCase):
     )
 
   def test_writes_past_capacity_are_dropped(self):
-    model, params, inputs, targets, _, encoded = self._setup("t5_1_1")
+    model, params, inputs, targets, full, encoded = self._setup("t5_1_1")
     cache = self._cache(model, params, encoded, inputs, 8)
     _, cache = self._decode(model, params, targets[:, :6], cache)
     before = np.asarray(cache.keys[0])
-    _, after = self._decode(model, params, targets[:, 6:10], cache)
+    logits, after = self._decode(model, params, targets[:, 6:10], cache)
     np.testing.assert_array_equal(
         np.asarray(after.keys[0])[:, :6], before[:, :6]
     )
+    # Positions 6 and 7 fit: they hold what one 8-token write puts there,
+    # and their logits are the teacher-forced ones. Tokens 8 and 9 leave no
+    # trace (a clipped write would land them on position 7).
+    fresh = self._cache(model, params, encoded, inputs, 8)
+    _, fresh = self._decode(model, params, targets[:, :8], fresh)
+    for layer in range(len(after.keys)):
+      for got, want in ((after.keys, fresh.keys), (after.values, fresh.values)):
+        np.testing.assert_allclose(
+            np.asarray(got[layer]), np.asarray(want[layer]), rtol=0, atol=ATOL
+        )
+    np.testing.assert_allclose(logits[:, :2], full[:, 6:8], rtol=0, atol=ATOL)
 
 
 class RelativePositionBucketTest(absltest.TestCase):
@@ -230,6 +244,49 @@ class ParamTreeTest(absltest.TestCase):
     shapes = t5.param_shapes(_config("t5_1_0"))
     self.assertNotIn("logits_dense", shapes["decoder"])
     self.assertEqual(set(shapes["encoder"]["layers_0"]["mlp"]), {"wi", "wo"})
+
+
+class TorchReferenceTest(parameterized.TestCase):
+  """The model itself against an independent one: transformers' PyTorch T5.
+
+  The other tests here hold the cache to the module's own teacher-forced
+  pass, which a bug in the module shares. Here the same parameters go into
+  transformers' T5 through `hf_reference.model_from_params` (not through our
+  checkpoint loader), and both the teacher-forced pass and the cached path
+  (a prefill, then a chunk, then single steps) must give its logits.
+  """
+
+  @parameterized.parameters("t5_1_1", "t5_1_0")
+  def test_logits_match_transformers(self, family):
+    import hf_reference  # pylint: disable=g-import-not-at-top
+
+    config = _config(family)
+    model = t5.Transformer(config)
+    params = jax.device_get(t5.init_params(config, jax.random.key(3)))
+    rng = np.random.default_rng(3)
+    inputs = rng.integers(2, config.vocab_size, (3, 24))
+    inputs[1, 15:] = 0  # Padded rows.
+    inputs[2, 5:] = 0
+    targets = rng.integers(2, config.vocab_size, (3, 20))
+    targets[:, 0] = 0
+    expected = hf_reference.logits(config, params, inputs, targets)
+    self.assertGreater(np.abs(expected).max(), 1.0)
+    full = model.apply({"params": params}, inputs, targets)
+    np.testing.assert_allclose(full, expected, rtol=0, atol=TORCH_ATOL)
+
+    encoded = model.apply({"params": params}, inputs, method=model.encode)
+    cache = model.apply(
+        {"params": params}, encoded, inputs, 20, method=model.init_cache
+    )
+    chunks = []
+    for start, stop in [(0, 6), (6, 10)] + [(t, t + 1) for t in range(10, 20)]:
+      logits, cache = _jitted_decode(model)(
+          params, jnp.asarray(targets[:, start:stop]), cache
+      )
+      chunks.append(logits)
+    np.testing.assert_allclose(
+        np.concatenate(chunks, axis=1), expected, rtol=0, atol=TORCH_ATOL
+    )
 
 
 if __name__ == "__main__":

@@ -69,7 +69,9 @@ class SpeculativeResult:
       Each target call emits a run of ACCEPTED tokens closed by one
       REPLACEMENT or BONUS token (unless EOS or max_decode_len cuts it).
     rejected_tokens: int32 [B, max_decode_len] at each REPLACEMENT token, the
-      drafted token the target rejected there; -1 elsewhere.
+      drafted token the target rejected there; -1 elsewhere. (Block
+      verification's replacement may equal it: its residual w p - q can
+      keep mass on the rejected draft.)
     draft_calls: int32 [B] draft calls spent on the row while it was live
       (gamma per target call, fewer when the draft stops early).
   """
@@ -263,7 +265,7 @@ def _verify(
   """Step 3: num_accepted [B], next_tokens [B], beta [B, gamma]."""
   if config.greedy:
     return verify_lib.verify_greedy(target_logits, draft_tokens, num_drafted)
-  kernel = verify_lib.verify_block if verifier == "block" else verify
+  kernel = verify_lib.verify_block if verifier == "block" else verify_lib.verify
   return kernel(
       jax.random.fold_in(iteration_rng, _COIN_STREAM),
       jax.random.fold_in(iteration_rng, _RESIDUAL_STREAM),

@@ -27,6 +27,7 @@ import numpy as np
 import tqdm
 
 from spec_decode import analysis
+from spec_decode import calibration as calibration_lib
 from spec_decode import drafts
 from spec_decode import engine
 from spec_decode import inputs as inputs_lib
@@ -34,6 +35,7 @@ from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import sampling
 from spec_decode import timing
+from spec_decode import verify
 
 DRAFT_KINDS = ("t5", "target", "unigram", "bigram")
 # Timed loops of decode calls when measuring c; the median counts.
@@ -116,8 +118,8 @@ def _text(vocabulary, ids):
 def _check_args(
     gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
 ):
-  if not isinstance(gamma, int) or gamma < 1:
-    raise ValueError(f"run.gamma must be an int >= 1, got {gamma!r}")
+  if gamma != "auto" and (not isinstance(gamma, int) or gamma < 1):
+    raise ValueError(f"run.gamma must be an int >= 1 or 'auto', got {gamma!r}")
   if draft not in DRAFT_KINDS:
     raise ValueError(f"run.draft must be one of {DRAFT_KINDS}, got {draft!r}")
   for name, value in (
@@ -148,6 +150,10 @@ def run(
     ngram_corpus=None,
     replicate_draft=False,
     progress=True,
+    verifier="block",
+    draft_threshold=0.0,
+    max_gamma=8,
+    calibration_batches=2,
 ) -> dict[str, Any]:
   """Runs both decoders on the configured inputs and reports.
 
@@ -155,7 +161,10 @@ def run(
     output_dir: where outputs.jsonl, results.json and config.gin go.
     vocabulary: a seqio.Vocabulary shared by target and draft; None takes
       the target checkpoint's `spiece.model` with T5's 100 extra ids.
-    gamma: tokens drafted per target call.
+    gamma: tokens drafted per target call (the most, with a draft_threshold),
+      or 'auto': chosen in 1..max_gamma by a calibration on the first
+      `calibration_batches` batches, from the measured alpha and call costs
+      (see `spec_decode.calibration`).
     draft: 't5' (the model under the draft/ scope), 'target' (the target as
       its own draft), 'unigram' or 'bigram' (counted over `ngram_corpus`).
     temperature: 0 is greedy.
@@ -174,6 +183,11 @@ def run(
       mesh's 'model' axis instead of splitting it (a small draft then needs
       no communication); the target is always split as the rules say.
     progress: show a progress bar (on the first host).
+    verifier: 'block' or 'token' (see `spec_decode.verify`).
+    draft_threshold: in [0, 1); above 0 the draft stops early, below this
+      confidence (see `speculative.speculative_decode`).
+    max_gamma: the largest gamma 'auto' considers.
+    calibration_batches: batches 'auto' calibrates on.
 
   Returns:
     The results dict, also written to output_dir/results.json.
@@ -185,6 +199,7 @@ def run(
   _check_args(
       gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
   )
+  _check_policy(verifier, draft_threshold, max_gamma, calibration_batches)
   vocabulary = _vocabulary(vocabulary)
   texts = inputs_lib.read_inputs()
   encoded = inputs_lib.encode(texts, vocabulary, max_input_len, truncate_inputs)
@@ -231,8 +246,24 @@ def run(
       accepted=0,
       beta=0.0,
       mismatches=0,
+      draft_calls=0,
   )
   batches = list(inputs_lib.batches(encoded.tokens, batch_size))
+  calibration = None
+  if gamma == "auto":
+    calibration = calibration_lib.calibrate(
+        decoders,
+        [
+            decoders.place_inputs(inputs_lib.trim(batch))
+            for batch, _ in batches[:calibration_batches]
+        ],
+        max_gamma=max_gamma,
+        max_decode_len=max_decode_len,
+        config=config,
+        verifier=verifier,
+        rng=jax.random.key(seed),
+    )
+    gamma = calibration.gamma
   seen_shapes = set()
   for index, (batch, num_real) in enumerate(
       tqdm.tqdm(
@@ -262,6 +293,8 @@ def run(
             gamma=gamma,
             max_decode_len=max_decode_len,
             config=config,
+            verifier=verifier,
+            draft_threshold=draft_threshold,
         ),
         timing_repeats,
         warm_up=warm_up,
@@ -275,6 +308,7 @@ def run(
     totals["drafted"] += int(spec.drafted_tokens[real].sum())
     totals["accepted"] += int(spec.accepted_tokens[real].sum())
     totals["beta"] += float(spec.beta_sum[real].sum())
+    totals["draft_calls"] += int(spec.draft_calls[real].sum())
     for row in range(num_real):
       same = np.array_equal(base.sequences[row], spec.sequences[row])
       totals["mismatches"] += int(not same)
@@ -303,6 +337,15 @@ def run(
       len(texts),
       encoded.num_truncated,
   )
+  results.update(
+      verifier=verifier,
+      draft_threshold=draft_threshold,
+      gamma_policy="fixed" if calibration is None else "auto",
+      calibration=None if calibration is None else calibration.to_json(),
+      draft_calls_per_target_call=(
+          totals["draft_calls"] / totals["target_calls"]
+      ),
+  )
   if jax.process_index() == 0:
     _write(output_dir, rows, results)
   return results
@@ -317,6 +360,25 @@ def _vocabulary(vocabulary):
   return vocabulary_lib.for_run(
       vocabulary, pair.bound_checkpoint_path("target")
   )
+
+
+def _check_policy(verifier, draft_threshold, max_gamma, calibration_batches):
+  if verifier not in verify.VERIFIERS:
+    raise ValueError(
+        f"run.verifier must be one of {verify.VERIFIERS}, got {verifier!r}"
+    )
+  if not isinstance(draft_threshold, (int, float)) or not (
+      0 <= draft_threshold < 1
+  ):
+    raise ValueError(
+        f"run.draft_threshold must be in [0, 1), got {draft_threshold!r}"
+    )
+  for name, value in (
+      ("max_gamma", max_gamma),
+      ("calibration_batches", calibration_batches),
+  ):
+    if not isinstance(value, int) or value < 1:
+      raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
 
 
 def _check_vocabulary(vocabulary, target_config):

@@ -83,7 +83,17 @@ class Engine:
         config=config,
     )
 
-  def speculative(self, inputs, rng, *, gamma, max_decode_len, config):
+  def speculative(
+      self,
+      inputs,
+      rng,
+      *,
+      gamma,
+      max_decode_len,
+      config,
+      verifier="block",
+      draft_threshold=0.0,
+  ):
     """`speculative.speculative_decode` of the pair on placed inputs."""
     capacity = max_decode_len + gamma + 1
     target_fn, target_cache = self.setup("target", inputs, capacity)
@@ -97,6 +107,8 @@ class Engine:
         gamma=gamma,
         max_decode_len=max_decode_len,
         config=config,
+        verifier=verifier,
+        draft_threshold=draft_threshold,
     )
 
   def setup(self, which, inputs, capacity) -> drafts.Draft:
@@ -207,6 +219,8 @@ def _speculative_loop(
     gamma,
     max_decode_len,
     config,
+    verifier,
+    draft_threshold,
 ):
   return speculative.speculative_decode(
       target_fn,
@@ -218,6 +232,8 @@ def _speculative_loop(
       max_decode_len=max_decode_len,
       eos_id=inputs_lib.EOS_ID,
       config=config,
+      verifier=verifier,
+      draft_threshold=draft_threshold,
       return_caches=True,
   )
 

@@ -1,10 +1,11 @@
 """Speculative decoding: Algorithm 1 of Leviathan, Kalman & Matias (ICML 2023).
 
-Each iteration, for every row at once, the draft proposes gamma tokens, the
-target scores all of them in one call, and a vectorized accept/reject step
-keeps a prefix of the proposals and adds one token of its own. The output has
-exactly the distribution of sampling from the target alone (Theorem 3.5 of the
-paper), for any draft, and every row advances by its own count.
+Each iteration, for every row at once, the draft proposes up to gamma tokens,
+the target scores all of them in one call, and a vectorized verifier (token-wise
+or block, see `spec_decode.verify`) keeps a prefix of the proposals and adds one
+token of its own. The output has exactly the distribution of sampling from the
+target alone (Theorem 3.5 of the paper), for any draft, and every row advances
+by its own count.
 
 The whole decode is one jitted `lax.while_loop` with fixed shapes: nothing goes
 back to the host until every row is done.
@@ -12,6 +13,9 @@ back to the host until every row is done.
 References:
   Y. Leviathan, M. Kalman, Y. Matias. Fast Inference from Transformers via
   Speculative Decoding. ICML 2023. arXiv:2211.17192.
+  Z. Sun, U. Mendlovic, Y. Leviathan, A. Aharoni, J. H. Ro, A. Beirami,
+  A. T. Suresh. Block Verification Accelerates Speculative Decoding.
+  ICLR 2025. arXiv:2403.10444.
 """
 
 from typing import Any
@@ -21,7 +25,15 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import decoding
+from spec_decode import draft_loop
 from spec_decode import sampling
+from spec_decode import verify as verify_lib
+
+# The token-wise kernels, under the names they had before spec_decode.verify.
+accepted_count = verify_lib.accepted_count
+residual_probs = verify_lib.residual_probs
+verify = verify_lib.verify
+verify_greedy = verify_lib.verify_greedy
 
 # fold_in tags that split an iteration's key into independent streams.
 _DRAFT_STREAM = 0
@@ -57,7 +69,11 @@ class SpeculativeResult:
       Each target call emits a run of ACCEPTED tokens closed by one
       REPLACEMENT or BONUS token (unless EOS or max_decode_len cuts it).
     rejected_tokens: int32 [B, max_decode_len] at each REPLACEMENT token, the
-      drafted token the target rejected there; -1 elsewhere.
+      drafted token the target rejected there; -1 elsewhere. (Block
+      verification's replacement may equal it: its residual w p - q can
+      keep mass on the rejected draft.)
+    draft_calls: int32 [B] draft calls spent on the row while it was live
+      (gamma per target call, fewer when the draft stops early).
   """
 
   sequences: jax.Array
@@ -68,6 +84,7 @@ class SpeculativeResult:
   beta_sum: jax.Array
   token_sources: jax.Array
   rejected_tokens: jax.Array
+  draft_calls: jax.Array
 
   def acceptance_rate(self) -> jax.Array:
     """Empirical alpha: accepted / judged drafted tokens, over all rows."""
@@ -76,6 +93,10 @@ class SpeculativeResult:
   def alpha_estimate(self) -> jax.Array:
     """The paper's alpha = E[beta] (Corollary 3.6), over positions judged."""
     return jnp.sum(self.beta_sum) / jnp.sum(self.drafted_tokens)
+
+  def draft_calls_per_target_call(self) -> jax.Array:
+    """Draft calls / target calls, over all rows: gamma without early stop."""
+    return jnp.sum(self.draft_calls) / jnp.sum(self.target_calls)
 
   def tokens_per_target_call(self) -> jax.Array:
     """Emitted tokens / target calls, over all rows (Eq. 1 predicts it)."""
@@ -104,6 +125,7 @@ class SpeculativeLoopState:
     drafted_tokens: int32 [B] see `SpeculativeResult`.
     accepted_tokens: int32 [B] see `SpeculativeResult`.
     beta_sum: float32 [B] see `SpeculativeResult`.
+    draft_calls: int32 [B] see `SpeculativeResult`.
   """
 
   cur_index: jax.Array
@@ -118,125 +140,7 @@ class SpeculativeLoopState:
   drafted_tokens: jax.Array
   accepted_tokens: jax.Array
   beta_sum: jax.Array
-
-
-def accepted_count(
-    coins: jax.Array,
-    target_token_probs: jax.Array,
-    draft_token_probs: jax.Array,
-) -> jax.Array:
-  """Counts the leading accepted drafted tokens of each row.
-
-  Token i is accepted when coins_i < target_probs_i(x_i) / draft_probs_i(x_i),
-  written without the division so that no case needs care.
-
-  Args:
-    coins: float32 [B, gamma] uniform draws in [0, 1).
-    target_token_probs: float32 [B, gamma] target_probs_i(x_i).
-    draft_token_probs: float32 [B, gamma] draft_probs_i(x_i).
-
-  Returns:
-    int32 [B] number of leading accepted tokens, in 0..gamma.
-  """
-  accepted = coins * draft_token_probs < target_token_probs  # [B, gamma]
-  return jnp.sum(jnp.cumprod(accepted, axis=-1), axis=-1).astype(jnp.int32)
-
-
-def residual_probs(
-    target_probs: jax.Array, draft_probs: jax.Array
-) -> jax.Array:
-  """The distribution to sample from after a rejection, unnormalized.
-
-  max(0, target_probs - draft_probs), or target_probs where that is all zero
-  (target_probs == draft_probs, where a rejection has probability 0 but
-  rounding could still force one; the naive normalization would give NaN).
-
-  Args:
-    target_probs: float32 [..., V].
-    draft_probs: float32 [..., V].
-
-  Returns:
-    float32 [..., V] non-negative weights with a positive sum, for `sample`.
-  """
-  residual = jnp.maximum(target_probs - draft_probs, 0.0)
-  has_mass = jnp.sum(residual, axis=-1, keepdims=True) > 0
-  return jnp.where(has_mass, residual, target_probs)
-
-
-def verify(
-    coin_rng: jax.Array,
-    residual_rng: jax.Array,
-    target_probs: jax.Array,
-    draft_probs: jax.Array,
-    draft_tokens: jax.Array,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """The accept/reject step: how many drafts to keep, and the next token.
-
-  Args:
-    coin_rng: Key for the acceptance coins.
-    residual_rng: Key for the next token.
-    target_probs: float32 [B, gamma + 1, V] the target's distributions after
-      the last committed token and after each drafted token.
-    draft_probs: float32 [B, gamma, V] the distributions the drafts came from.
-    draft_tokens: int32 [B, gamma] the drafted tokens.
-
-  Returns:
-    num_accepted: int32 [B] in 0..gamma, accepted drafts per row.
-    next_tokens: int32 [B] drawn from the residual at position num_accepted,
-      or from target_probs[:, gamma] (the bonus token) after a full accept.
-    beta: float32 [B, gamma] sum_x min(target_probs_i(x), draft_probs_i(x)).
-  """
-  tokens = draft_tokens[..., None]  # [B, gamma, 1]
-  target_token_probs = jnp.take_along_axis(target_probs[:, :-1], tokens, -1)
-  draft_token_probs = jnp.take_along_axis(draft_probs, tokens, -1)
-  coins = jax.random.uniform(coin_rng, draft_tokens.shape, jnp.float32)
-  num_accepted = accepted_count(
-      coins, target_token_probs[..., 0], draft_token_probs[..., 0]
-  )
-  # The draft's distribution past the last draft is 0, so that the residual
-  # there is the target's own: the bonus token needs no branch.
-  padded_draft_probs = jnp.pad(
-      draft_probs, ((0, 0), (0, 1), (0, 0))
-  )  # [B, gamma + 1, V]
-  position = num_accepted[:, None, None]  # [B, 1, 1]
-  next_probs = residual_probs(
-      jnp.take_along_axis(target_probs, position, axis=1)[:, 0],
-      jnp.take_along_axis(padded_draft_probs, position, axis=1)[:, 0],
-  )  # [B, V]
-  beta = jnp.sum(jnp.minimum(target_probs[:, :-1], draft_probs), axis=-1)
-  return num_accepted, sampling.sample(residual_rng, next_probs), beta
-
-
-def verify_greedy(
-    target_logits: jax.Array, draft_tokens: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`verify` at temperature 0, from the target's logits alone.
-
-  With one-hot target_probs and draft_probs the general rule reduces to
-  comparisons: x_i is accepted (with any coin) exactly when it is the target's
-  argmax, the residual after a rejection is the target's one-hot, and so is
-  the bonus token's distribution. So this returns what `verify` would, with
-  no pass over the vocabulary beyond one argmax per position.
-
-  Args:
-    target_logits: float [B, gamma + 1, V] the target's logits.
-    draft_tokens: int32 [B, gamma] the drafted (greedy) tokens.
-
-  Returns:
-    num_accepted, next_tokens, beta: as `verify` returns them; beta is 1
-    where the draft's argmax matched the target's and 0 elsewhere.
-  """
-  target_tokens = sampling.greedy_tokens(target_logits)  # [B, gamma + 1]
-  matches = draft_tokens == target_tokens[:, :-1]  # [B, gamma]
-  num_accepted = jnp.sum(jnp.cumprod(matches, axis=-1), axis=-1)
-  next_tokens = jnp.take_along_axis(
-      target_tokens, num_accepted[:, None], axis=1
-  )[:, 0]
-  return (
-      num_accepted.astype(jnp.int32),
-      next_tokens,
-      matches.astype(jnp.float32),
-  )
+  draft_calls: jax.Array
 
 
 def speculative_decode(
@@ -250,19 +154,27 @@ def speculative_decode(
     max_decode_len: int,
     eos_id: int = 1,
     config: sampling.SamplingConfig = sampling.SamplingConfig(),
+    verifier: str = "block",
+    draft_threshold: float = 0.0,
     return_caches: bool = False,
 ) -> SpeculativeResult | tuple[SpeculativeResult, Any, Any]:
-  """Samples from the target, gamma drafted tokens per target call.
+  """Samples from the target, up to gamma drafted tokens per target call.
 
   One iteration, for every row b at once, with len = lengths[b]:
 
   1. Draft: feed the 2-token chunk [history[len - 1], history[len]] at
-     position len - 1 (at len = 0, BOS alone), then gamma - 1 single drafted
-     tokens, sampling x_i ~ draft_probs_i.
+     position len - 1 (at len = 0, BOS alone), then up to gamma - 1 single
+     drafted tokens, sampling x_i ~ draft_probs_i. With a draft_threshold, a
+     row proposes x_1..x_k, k the first i whose confidence (draft_probs_i(x_i)
+     when sampling, the draft's max softmax probability when greedy) is below
+     the threshold, and the draft stops once every live row has (so at batch
+     1, after x_k). The decision uses the draft's own tokens alone, so the
+     output stays exact.
   2. Target: one call on [history[len], x_1..x_gamma] at position len gives
      target_probs_1..target_probs_{gamma+1}.
-  3. Verify: n leading accepted drafts, then the next token from the residual
-     at n + 1 (the bonus token from target_probs_{gamma+1} when n = gamma).
+  3. Verify (`spec_decode.verify`, token-wise or block): n accepted drafts,
+     then the next token from the residual at n + 1 (the bonus token from
+     target_probs_{k+1} when n = k, the drafts proposed).
   4. Commit x_1..x_n and the next token, cut after EOS and at
      max_decode_len; roll the target cache back to the new length.
 
@@ -273,15 +185,7 @@ def speculative_decode(
   cache. This way the draft runs gamma calls per iteration (gpt-fast runs an
   extra one) and no target step is spent before the loop: with the target as
   its own draft, n tokens take exactly ceil(n / (gamma + 1)) target calls.
-
-  Worked example (the verify step; pinned by a test). gamma = 2, V = 4, a row
-  drafts x = [2, 1] with
-    draft_probs  = [[.1, .2, .5, .2], [.1, .4, .3, .2]]
-    target_probs = [[.1, .1, .6, .2], [.3, .1, .3, .3], ...]
-  and draws coins [.9, .5]. x_1 = 2: .9 * .5 = .45 < .6, accepted. x_2 = 1:
-  .5 * .4 = .2 >= .1, rejected. So n = 1, and the next token is drawn from
-  max(0, [.3, .1, .3, .3] - [.1, .4, .3, .2]) = [.2, 0, 0, .1], normalized
-  [2/3, 0, 0, 1/3]: the row emits [2, 0] or [2, 3] and advances by 2.
+  `spec_decode.verify` gives a worked example of each verifier.
 
   Args:
     target_fn: The target's decode function (see `decoding.DecodeFn`).
@@ -292,12 +196,18 @@ def speculative_decode(
       `target_cache` itself.
     decode_rng: A PRNG key. Iteration i uses fold_in(decode_rng, i), split by
       fold_in into independent streams for drafts, coins and residuals.
-    gamma: Tokens drafted per iteration, >= 1.
+    gamma: Tokens drafted per iteration (the most, with a draft_threshold),
+      >= 1.
     max_decode_len: Most tokens to emit per row.
     eos_id: A row stops after emitting this token (an id outside the
       vocabulary, such as -1, disables EOS).
     config: How logits become the sampling distribution, for target and draft
       alike.
+    verifier: 'token' (Leviathan et al., Algorithm 1) or 'block' (Sun et al.,
+      Algorithm 2: never fewer accepted drafts on average). Greedy decoding
+      is the same under both.
+    draft_threshold: stop drafting early below this confidence, in [0, 1);
+      0 always drafts gamma tokens.
     return_caches: also return the final target and draft caches, so that a
       caller that donates the caches gets them back in the same memory.
 
@@ -306,6 +216,16 @@ def speculative_decode(
   """
   if not isinstance(gamma, int) or gamma < 1:
     raise ValueError(f"gamma must be an int >= 1, got {gamma!r}.")
+  if verifier not in verify_lib.VERIFIERS:
+    raise ValueError(
+        f"verifier must be one of {verify_lib.VERIFIERS}, got {verifier!r}."
+    )
+  if not isinstance(draft_threshold, (int, float)) or not (
+      0 <= draft_threshold < 1
+  ):
+    raise ValueError(
+        f"draft_threshold must be in [0, 1), got {draft_threshold!r}."
+    )
   decoding.check_decode_args(max_decode_len, eos_id)
   return _speculative_decode(
       decoding.as_pytree(target_fn),
@@ -317,6 +237,8 @@ def speculative_decode(
       max_decode_len=max_decode_len,
       eos_id=eos_id,
       config=config,
+      verifier=verifier,
+      draft_threshold=float(draft_threshold),
       return_caches=return_caches,
   )
 
@@ -330,44 +252,28 @@ def _write_rows(whole, part, starts):
   )(whole, part, starts)
 
 
-def _draft(
-    draft_fn, draft_cache, history, lengths, draft_rng, *, gamma, config
+def _verify(
+    iteration_rng,
+    target_logits,
+    draft_tokens,
+    draft_probs,
+    num_drafted,
+    *,
+    config,
+    verifier,
 ):
-  """Step 1: draft_tokens [B, gamma], draft_probs [B, gamma, V], the cache.
-
-  draft_probs is None when greedy (see `sampling.choose`).
-  """
-  start = jnp.maximum(lengths - 1, 0)  # [B]
-  chunk = jnp.take_along_axis(
-      history, start[:, None] + jnp.arange(2)[None, :], axis=1
-  )  # [B, 2]
-  logits, draft_cache = draft_fn(chunk, draft_cache.replace(lengths=start))
-  # At len = 0 the chunk is [BOS, junk]: keep the logits after BOS, and the
-  # length, which drops the junk.
-  offset = (lengths - start)[:, None, None]  # [B, 1, 1]
-  logits = jnp.take_along_axis(logits, offset, axis=1)[:, 0]  # [B, V]
-  draft_cache = draft_cache.replace(lengths=lengths + 1)
-  first = sampling.choose(jax.random.fold_in(draft_rng, 0), logits, config)
-
-  def step(carry, i):
-    draft_cache, token = carry
-    logits, draft_cache = draft_fn(token[:, None], draft_cache)
-    token, probs = sampling.choose(
-        jax.random.fold_in(draft_rng, i), logits[:, 0], config
-    )
-    return (draft_cache, token), (token, probs)
-
-  (draft_cache, _), rest = jax.lax.scan(
-      step, (draft_cache, first[0]), jnp.arange(1, gamma)
-  )  # tokens: [gamma - 1, B], probs: [gamma - 1, B, V] or None
-  draft_tokens, draft_probs = jax.tree.map(
-      lambda head, tail: jnp.concatenate(
-          [head[:, None], jnp.moveaxis(tail, 0, 1)], axis=1
-      ),
-      first,
-      rest,
-  )  # [B, gamma], [B, gamma, V] or None
-  return draft_tokens, draft_probs, draft_cache
+  """Step 3: num_accepted [B], next_tokens [B], beta [B, gamma]."""
+  if config.greedy:
+    return verify_lib.verify_greedy(target_logits, draft_tokens, num_drafted)
+  kernel = verify_lib.verify_block if verifier == "block" else verify_lib.verify
+  return kernel(
+      jax.random.fold_in(iteration_rng, _COIN_STREAM),
+      jax.random.fold_in(iteration_rng, _RESIDUAL_STREAM),
+      sampling.logits_to_probs(target_logits, config),
+      draft_probs,
+      draft_tokens,
+      num_drafted,
+  )
 
 
 @jax.jit(
@@ -376,6 +282,8 @@ def _draft(
         "max_decode_len",
         "eos_id",
         "config",
+        "verifier",
+        "draft_threshold",
         "return_caches",
     )
 )
@@ -390,6 +298,8 @@ def _speculative_decode(
     max_decode_len,
     eos_id,
     config,
+    verifier,
+    draft_threshold,
     return_caches,
 ):
   """`speculative_decode` after argument checks."""
@@ -402,32 +312,33 @@ def _speculative_decode(
   def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
     lengths = state.lengths
     iteration_rng = jax.random.fold_in(decode_rng, state.cur_index)
-    draft_tokens, draft_probs, draft_cache = _draft(
-        draft_fn,
-        state.draft_cache,
-        state.history,
-        lengths,
-        jax.random.fold_in(iteration_rng, _DRAFT_STREAM),
-        gamma=gamma,
-        config=config,
+    draft_tokens, draft_probs, num_drafted, draft_steps, draft_cache = (
+        draft_loop.propose(
+            draft_fn,
+            state.draft_cache,
+            state.history,
+            lengths,
+            state.done,
+            jax.random.fold_in(iteration_rng, _DRAFT_STREAM),
+            gamma=gamma,
+            config=config,
+            threshold=draft_threshold,
+        )
     )
     last_tokens = jnp.take_along_axis(state.history, lengths[:, None], axis=1)
     target_logits, target_cache = target_fn(
         jnp.concatenate([last_tokens, draft_tokens], axis=1),  # [B, gamma + 1]
         state.target_cache,
     )
-    if config.greedy:
-      num_accepted, next_tokens, beta = verify_greedy(
-          target_logits, draft_tokens
-      )
-    else:
-      num_accepted, next_tokens, beta = verify(
-          jax.random.fold_in(iteration_rng, _COIN_STREAM),
-          jax.random.fold_in(iteration_rng, _RESIDUAL_STREAM),
-          sampling.logits_to_probs(target_logits, config),
-          draft_probs,
-          draft_tokens,
-      )
+    num_accepted, next_tokens, beta = _verify(
+        iteration_rng,
+        target_logits,
+        draft_tokens,
+        draft_probs,
+        num_drafted if draft_threshold > 0 else None,
+        config=config,
+        verifier=verifier,
+    )
 
     # Step 4: x_1..x_n, then the next token (positions past n are junk).
     block = jnp.where(
@@ -444,13 +355,14 @@ def _speculative_decode(
     num_emitted = jnp.where(state.done, 0, num_emitted)
     new_lengths = lengths + num_emitted
     is_next = block_positions == num_accepted[:, None]  # [B, gamma + 1]
+    replaced = num_accepted < num_drafted  # [B]
     sources = jnp.where(
-        is_next,
-        jnp.where(num_accepted < gamma, REPLACEMENT, BONUS)[:, None],
-        ACCEPTED,
+        is_next, jnp.where(replaced, REPLACEMENT, BONUS)[:, None], ACCEPTED
     )  # [B, gamma + 1]
     rejected = jnp.where(
-        is_next, jnp.pad(draft_tokens, ((0, 0), (0, 1)), constant_values=-1), -1
+        is_next & replaced[:, None],
+        jnp.pad(draft_tokens, ((0, 0), (0, 1))),
+        -1,
     )  # [B, gamma + 1]
     history, sources, rejected = (
         _write_rows(whole, part, lengths + 1)
@@ -462,9 +374,12 @@ def _speculative_decode(
     )
 
     # Statistics over the drafts judged, up to EOS and max_decode_len.
-    num_judged = jnp.minimum(jnp.minimum(num_accepted + 1, gamma), num_emitted)
+    num_judged = jnp.minimum(
+        jnp.minimum(num_accepted + 1, num_drafted), num_emitted
+    )
     judged = block_positions[:, :-1] < num_judged[:, None]  # [B, gamma]
     num_kept = jnp.minimum(num_accepted, num_emitted)  # Accepted and emitted.
+    live = (~state.done).astype(jnp.int32)
     return SpeculativeLoopState(
         cur_index=state.cur_index + 1,
         history=history,
@@ -474,10 +389,11 @@ def _speculative_decode(
         done=state.done | hit_eos | (new_lengths >= max_decode_len),
         target_cache=target_cache.replace(lengths=new_lengths),
         draft_cache=draft_cache,
-        target_calls=state.target_calls + (~state.done).astype(jnp.int32),
+        target_calls=state.target_calls + live,
         drafted_tokens=state.drafted_tokens + num_judged,
         accepted_tokens=state.accepted_tokens + num_kept,
         beta_sum=state.beta_sum + jnp.sum(jnp.where(judged, beta, 0.0), axis=1),
+        draft_calls=state.draft_calls + live * draft_steps,
     )
 
   zeros = jnp.zeros((batch_size,), jnp.int32)
@@ -498,6 +414,7 @@ def _speculative_decode(
           drafted_tokens=zeros,
           accepted_tokens=zeros,
           beta_sum=jnp.zeros((batch_size,), jnp.float32),
+          draft_calls=zeros,
       ),
   )
   emitted = slice(1, max_decode_len + 1)
@@ -514,6 +431,7 @@ def _speculative_decode(
       drafted_tokens=state.drafted_tokens,
       accepted_tokens=state.accepted_tokens,
       beta_sum=state.beta_sum,
+      draft_calls=state.draft_calls,
   )
   if return_caches:
     return result, state.target_cache, state.draft_cache

@@ -5,9 +5,11 @@ and temperature the acceptance rate alpha and the measured speedup; section 3
 predicts the speedup from alpha and the cost ratio c (Theorem 3.8). `sweep`
 runs `compare.run` at every point of
 
-  tasks x temperatures x batch sizes x drafts x gammas
+  tasks x temperatures x batch sizes x drafts x verifiers x draft
+  thresholds x gammas
 
-(in that order, gamma innermost) and writes to its output_dir:
+(in that order, gamma innermost; gamma may be 'auto', see
+`spec_decode.calibration`) and writes to its output_dir:
 
 - points/<point>/: each run's outputs, results and operative config;
 - table2.json: the sweep's gin files and bindings; every point's settings,
@@ -50,6 +52,7 @@ from spec_decode import data
 from spec_decode import engine
 from spec_decode import gin_config
 from spec_decode import report
+from spec_decode import verify
 
 # What a failing point raises: bad input or config, a missing file or
 # checkpoint, an XLA error. Anything else is a bug and keeps its traceback.
@@ -66,44 +69,80 @@ class Point:
     temperature: 0 is greedy.
     batch_size: rows per decoder call.
     draft: a `compare.DRAFT_KINDS` kind.
-    gamma: tokens drafted per target call.
+    gamma: tokens drafted per target call (the most, with a draft
+      threshold), or 'auto'.
+    verifier: 'block' or 'token'.
+    draft_threshold: the early stop's threshold; 0 drafts gamma tokens.
   """
 
   task: str
   temperature: float
   batch_size: int
   draft: str
-  gamma: int
+  gamma: int | str
+  verifier: str = "block"
+  draft_threshold: float = 0.0
 
   @property
   def name(self):
-    """A directory name: 'multi30k_en_de-T0-b1-t5-g4'."""
+    """A directory name: 'multi30k_en_de-T0-b1-t5-g4' (-token, -s0.5 when
+    not the default verifier and threshold)."""
+    policy = "" if self.verifier == "block" else f"-{self.verifier}"
+    policy += f"-s{self.draft_threshold:g}" if self.draft_threshold else ""
     return (
         f"{self.task}-T{self.temperature:g}-b{self.batch_size}-"
-        f"{self.draft}-g{self.gamma}"
+        f"{self.draft}{policy}-g{self.gamma}"
     )
 
   def __str__(self):
+    policy = "" if self.verifier == "block" else f", {self.verifier} verifier"
+    if self.draft_threshold:
+      policy += f", early stop below {self.draft_threshold:g}"
     return (
         f"{self.task}, temperature {self.temperature:g}, batch "
-        f"{self.batch_size}, {self.draft} draft, gamma {self.gamma}"
+        f"{self.batch_size}, {self.draft} draft{policy}, gamma {self.gamma}"
     )
 
 
 _POINT_FIELDS = tuple(field.name for field in dataclasses.fields(Point))
 
 
-def points(tasks, temperatures, batch_sizes, drafts, gammas):
+def points(
+    tasks,
+    temperatures,
+    batch_sizes,
+    drafts,
+    gammas,
+    verifiers=("block",),
+    draft_thresholds=(0.0,),
+):
   """Every point of the sweep, gamma varying fastest."""
   return [
-      Point(*values)
-      for values in itertools.product(
-          tasks, temperatures, batch_sizes, drafts, gammas
+      Point(task, temperature, batch, draft, gamma, verifier, threshold)
+      for task, temperature, batch, draft, verifier, threshold, gamma in (
+          itertools.product(
+              tasks,
+              temperatures,
+              batch_sizes,
+              drafts,
+              verifiers,
+              draft_thresholds,
+              gammas,
+          )
       )
   ]
 
 
-def _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples):
+def _check_axes(
+    tasks,
+    drafts,
+    temperatures,
+    gammas,
+    batch_sizes,
+    num_examples,
+    verifiers=("block",),
+    draft_thresholds=(0.0,),
+):
   """Fails before the first point, not an hour in, on a bad axis."""
   axes = dict(
       tasks=tasks,
@@ -111,6 +150,8 @@ def _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples):
       temperatures=temperatures,
       gammas=gammas,
       batch_sizes=batch_sizes,
+      verifiers=verifiers,
+      draft_thresholds=draft_thresholds,
   )
   for name, values in axes.items():
     if not values:
@@ -128,9 +169,24 @@ def _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples):
       raise ValueError(
           f"table2.sweep.drafts: {draft!r} is not one of {compare.DRAFT_KINDS}"
       )
-  for name in ("gammas", "batch_sizes"):
-    if not all(isinstance(v, int) and v >= 1 for v in axes[name]):
-      raise ValueError(f"table2.sweep.{name} must be ints >= 1: {axes[name]}")
+  if not all(isinstance(v, int) and v >= 1 for v in batch_sizes):
+    raise ValueError(
+        f"table2.sweep.batch_sizes must be ints >= 1: {batch_sizes}"
+    )
+  if not all(g == "auto" or isinstance(g, int) and g >= 1 for g in gammas):
+    raise ValueError(
+        f"table2.sweep.gammas must be ints >= 1 or 'auto': {gammas}"
+    )
+  for verifier in verifiers:
+    if verifier not in verify.VERIFIERS:
+      raise ValueError(
+          f"table2.sweep.verifiers: {verifier!r} is not one of "
+          f"{verify.VERIFIERS}"
+      )
+  if not all(0 <= t < 1 for t in draft_thresholds):
+    raise ValueError(
+        f"table2.sweep.draft_thresholds must be in [0, 1): {draft_thresholds}"
+    )
   if not all(t >= 0 for t in temperatures):
     raise ValueError(f"table2.sweep.temperatures must be >= 0: {temperatures}")
   if not isinstance(num_examples, int) or num_examples < 1:
@@ -159,7 +215,9 @@ def _bindings(point, split, num_examples, point_dir, ngram_corpus):
   bindings = [
       f"run.output_dir = {str(point_dir)!r}",
       f"run.draft = {point.draft!r}",
-      f"run.gamma = {point.gamma}",
+      f"run.gamma = {point.gamma!r}",
+      f"run.verifier = {point.verifier!r}",
+      f"run.draft_threshold = {float(point.draft_threshold)!r}",
       f"run.temperature = {float(point.temperature)!r}",
       f"run.batch_size = {point.batch_size}",
       "run.progress = False",
@@ -194,6 +252,8 @@ def sweep(
     temperatures=(0.0, 1.0),
     gammas=tuple(range(1, 9)),
     batch_sizes=(1, 8),
+    verifiers=("block",),
+    draft_thresholds=(0.0,),
     num_examples=24,
     split="test",
     ngram_corpus=None,
@@ -211,8 +271,10 @@ def sweep(
       last, so they may override the point's.
     drafts: `compare.DRAFT_KINDS` kinds.
     temperatures: sampling temperatures; 0 is greedy.
-    gammas: tokens drafted per target call.
+    gammas: tokens drafted per target call, or 'auto'.
     batch_sizes: rows per decoder call.
+    verifiers: 'block', 'token'.
+    draft_thresholds: early-stop thresholds in [0, 1); 0 does not stop.
     num_examples: the first this many inputs of each task's split.
     split: the tasks' split.
     ngram_corpus: the text the unigram and bigram drafts are counted over, one
@@ -231,7 +293,16 @@ def sweep(
     ValueError: on a bad axis, or a table to resume from another setting.
     RuntimeError: when a point fails, with a one-line message naming it.
   """
-  _check_axes(tasks, drafts, temperatures, gammas, batch_sizes, num_examples)
+  _check_axes(
+      tasks,
+      drafts,
+      temperatures,
+      gammas,
+      batch_sizes,
+      num_examples,
+      verifiers,
+      draft_thresholds,
+  )
   directory = pathlib.Path(output_dir)
   directory.mkdir(parents=True, exist_ok=True)
   corpus, text, corpus_sha256 = None, None, None
@@ -244,7 +315,15 @@ def sweep(
   if text is not None:
     corpus = directory / "ngram_corpus.txt"
     corpus.write_text(text)
-  todo = points(tasks, temperatures, batch_sizes, drafts, gammas)
+  todo = points(
+      tasks,
+      temperatures,
+      batch_sizes,
+      drafts,
+      gammas,
+      verifiers,
+      draft_thresholds,
+  )
   rows = []
   start = time.perf_counter()
   ran = 0
@@ -320,8 +399,21 @@ def _earlier_rows(directory, files, bindings, corpus_sha256):
   return {_point(row): row for row in everything["points"]}
 
 
+# Rows of tables made before the verifier and early stop: token-wise, no stop.
+_LEGACY = dict(verifier="token", draft_threshold=0.0)
+
+
 def _point(row):
-  return Point(**{field: row[field] for field in _POINT_FIELDS})
+  values = {
+      field: row.get(field, _LEGACY.get(field)) for field in _POINT_FIELDS
+  }
+  if row.get("gamma_policy") == "auto":
+    values["gamma"] = "auto"  # The row's gamma is the one it chose.
+  return Point(**values)
+
+
+def _gamma_text(gamma, policy):
+  return f"auto ({gamma})" if policy == "auto" else str(gamma)
 
 
 def _sweep_json(files, bindings, corpus_sha256, rows):
@@ -398,11 +490,13 @@ def merge(paths, output_dir):
 
 
 def _groups(rows):
-  """Rows grouped by (task, temperature, batch size, draft), in sweep order."""
+  """Rows grouped by (task, temperature, batch size, draft, verifier, draft
+  threshold), in sweep order."""
   groups = {}
   for row in rows:
-    key = (row["task"], row["temperature"], row["batch_size"], row["draft"])
-    groups.setdefault(key, []).append(row)
+    point = _point(row)
+    key = dataclasses.astuple(dataclasses.replace(point, gamma=0))
+    groups.setdefault(key[:4] + key[5:], []).append(row)
   return groups
 
 
@@ -420,7 +514,8 @@ def best_gammas(rows):
     (`analysis.optimal_gamma`).
   """
   best = []
-  for (task, temperature, batch_size, draft), group in _groups(rows).items():
+  for key, group in _groups(rows).items():
+    task, temperature, batch_size, draft, verifier, draft_threshold = key
     alpha = statistics.mean(row["alpha"] for row in group)
     c = statistics.median(row["c"] for row in group)
     measured = max(group, key=lambda row: row["speedup"])
@@ -432,9 +527,12 @@ def best_gammas(rows):
             temperature=temperature,
             batch_size=batch_size,
             draft=draft,
+            verifier=verifier,
+            draft_threshold=draft_threshold,
             alpha=alpha,
             c=c,
             measured_gamma=measured["gamma"],
+            measured_gamma_policy=measured.get("gamma_policy", "fixed"),
             measured_speedup=measured["speedup"],
             call_cost_speedup=calls,
             predicted_gamma=predicted["gamma"],
@@ -456,6 +554,12 @@ def _call_cost_speedup(row):
   )
 
 
+def _verifier_text(verifier, draft_threshold):
+  if draft_threshold:
+    return f"{verifier}, stop < {draft_threshold:g}"
+  return verifier
+
+
 def _table(header, rows):
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -471,6 +575,7 @@ def markdown(rows, best):
           "batch",
           "draft",
           "gamma",
+          "verifier",
           "alpha",
           "tokens / call",
           "speedup",
@@ -485,7 +590,8 @@ def markdown(rows, best):
               f"{row['temperature']:g}",
               str(row["batch_size"]),
               row["draft"],
-              str(row["gamma"]),
+              _gamma_text(row["gamma"], row.get("gamma_policy")),
+              _verifier_text(_point(row).verifier, _point(row).draft_threshold),
               f"{row['alpha']:.3f}",
               f"{row['tokens_per_target_call']:.2f}",
               f"{row['speedup']:.2f}x",
@@ -503,6 +609,7 @@ def markdown(rows, best):
           "T",
           "batch",
           "draft",
+          "verifier",
           "mean alpha",
           "median c",
           "best gamma, measured",
@@ -516,9 +623,13 @@ def markdown(rows, best):
               f"{group['temperature']:g}",
               str(group["batch_size"]),
               group["draft"],
+              _verifier_text(group["verifier"], group["draft_threshold"]),
               f"{group['alpha']:.3f}",
               f"{group['c']:.3f}",
-              f"{group['measured_gamma']} ({group['measured_speedup']:.2f}x)",
+              _gamma_text(
+                  group["measured_gamma"], group["measured_gamma_policy"]
+              )
+              + f" ({group['measured_speedup']:.2f}x)",
               f"{group['call_cost_speedup']:.2f}x",
               f"{group['predicted_gamma']} "
               f"({group['predicted_speedup']:.2f}x)",
@@ -565,7 +676,10 @@ def plot(rows, path):
   )
   axes = fig.subplots(len(tasks), len(settings), squeeze=False, sharey=True)
   groups = _groups(rows)
-  for (task, temperature, batch_size, draft), group in groups.items():
+  for key, group in groups.items():
+    task, temperature, batch_size, draft = key[:4]
+    # 'auto' points stand apart from the sweep over gamma.
+    group = [row for row in group if row.get("gamma_policy") != "auto"]
     ax = axes[tasks.index(task), settings.index((temperature, batch_size))]
     gammas = [row["gamma"] for row in group]
     ax.plot(

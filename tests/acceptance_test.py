@@ -64,6 +64,7 @@ def _hand_built_result(beta_sum=(6.0, 1.5)):
       beta_sum=np.array(beta_sum, np.float32),
       token_sources=SOURCES,
       rejected_tokens=REJECTED_TOKENS,
+      draft_calls=np.array([12, 3]),
   )
 
 

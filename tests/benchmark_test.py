@@ -421,6 +421,77 @@ table2.sweep.progress = False
       )
     self.assertFalse((self.tmp / "bad").exists())
 
+  def test_verifier_and_gamma_policy_axes(self):
+    gin_config.parse([self.gin_file])
+    markdown = table2.sweep(
+        [self.gin_file],
+        [],
+        output_dir=self.tmp / "policies",
+        drafts=["bigram"],
+        gammas=[2, "auto"],
+        verifiers=["token", "block"],
+        draft_thresholds=[0.0, 0.5],
+    )
+    rows = json.loads((self.tmp / "policies" / "table2.json").read_text())[
+        "points"
+    ]
+    self.assertEqual(
+        [
+            (r["verifier"], r["draft_threshold"], r["gamma_policy"])
+            for r in rows
+        ],
+        [
+            (verifier, threshold, policy)
+            for verifier in ("token", "block")
+            for threshold in (0.0, 0.5)
+            for policy in ("fixed", "auto")
+        ],
+    )
+    for row in rows:
+      self.assertEqual(row["mismatches"], 0)
+      if row["gamma_policy"] == "auto":
+        self.assertBetween(row["gamma"], 1, 8)
+        self.assertEqual(row["calibration"]["gamma"], row["gamma"])
+        self.assertLen(row["calibration"]["verify_calls"], 8)
+      else:
+        self.assertEqual(row["gamma"], 2)
+        self.assertIsNone(row["calibration"])
+      if row["draft_threshold"] == 0:
+        self.assertEqual(row["draft_calls_per_target_call"], row["gamma"])
+      else:
+        self.assertLessEqual(row["draft_calls_per_target_call"], row["gamma"])
+    self.assertIn("| auto (", markdown)
+    self.assertIn("| block, stop < 0.5 |", markdown)
+    # Resuming keeps every point, 'auto' ones included.
+    gin_config.parse([self.gin_file])
+    with mock.patch.object(compare, "run", side_effect=AssertionError):
+      table2.sweep(
+          [self.gin_file],
+          [],
+          output_dir=self.tmp / "policies",
+          drafts=["bigram"],
+          gammas=[2, "auto"],
+          verifiers=["token", "block"],
+          draft_thresholds=[0.0, 0.5],
+          resume=True,
+      )
+
+  def test_bad_verifier_axis_fails_before_any_point(self):
+    for axes, message in (
+        (dict(verifiers=["tree"]), "verifiers: 'tree' is not one of"),
+        (dict(draft_thresholds=[1.0]), "draft_thresholds must be in"),
+        (dict(gammas=["best"]), "gammas must be ints >= 1 or 'auto'"),
+    ):
+      with self.assertRaisesRegex(ValueError, message):
+        table2.sweep(
+            [self.gin_file],
+            [],
+            output_dir=self.tmp / "bad_policy",
+            tasks={"multi30k_en_de": []},
+            **axes,
+        )
+    self.assertFalse((self.tmp / "bad_policy").exists())
+
   def tearDown(self):
     gin.clear_config()
     super().tearDown()

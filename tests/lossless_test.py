@@ -47,6 +47,15 @@ CONFIGS = {
 GAMMAS = {"good": 2, "bad": 1, "target": 4}
 # "none" runs the baseline decoder, as a control of the enumeration.
 DRAFT_KINDS = [*GAMMAS, "none"]
+# Verifier cases: the verifier and the draft threshold (early stop). At 0.6
+# the good draft stops early in about a third of its blocks, the target as
+# draft in a fifth.
+VERIFIER_CASES = {
+    "token": ("token", 0.0),
+    "block": ("block", 0.0),
+    "token_early_stop": ("token", 0.6),
+    "block_early_stop": ("block", 0.6),
+}
 
 
 def _target():
@@ -155,17 +164,36 @@ def _assert_follows(test, result, distribution):
   test.assertLess(total_variation, _tv_bound(distribution, num_samples))
 
 
+def _early_bonus_tokens(result, gamma):
+  """Bonus tokens after fewer than gamma accepted drafts: early stops."""
+  sources = np.asarray(result.token_sources)
+  run = np.zeros(len(sources), int)  # Accepted drafts before each token.
+  count = 0
+  for column in sources.T:
+    count += np.sum((column == speculative.BONUS) & (run < gamma))
+    run = np.where(column == speculative.ACCEPTED, run + 1, 0)
+  return count
+
+
 class LosslessTest(parameterized.TestCase):
 
-  @parameterized.product(config_name=list(CONFIGS), draft_kind=DRAFT_KINDS)
+  @parameterized.product(
+      config_name=list(CONFIGS),
+      draft_kind=DRAFT_KINDS,
+      verifier_case=list(VERIFIER_CASES),
+  )
   def test_samples_follow_the_target_distribution(
-      self, config_name, draft_kind
+      self, config_name, draft_kind, verifier_case
   ):
+    if draft_kind == "none" and verifier_case != "token":
+      self.skipTest("the baseline has no verifier")
+    verifier, draft_threshold = VERIFIER_CASES[verifier_case]
     config = CONFIGS[config_name]
     target = _target()
     rng = jax.random.key(
         list(CONFIGS).index(config_name) * len(DRAFT_KINDS)
         + DRAFT_KINDS.index(draft_kind)
+        + 1000 * list(VERIFIER_CASES).index(verifier_case)
     )
     if draft_kind == "none":
       result = decoding.autoregressive_decode(
@@ -190,7 +218,11 @@ class LosslessTest(parameterized.TestCase):
           max_decode_len=MAX_DECODE_LEN,
           eos_id=EOS_ID,
           config=config,
+          verifier=verifier,
+          draft_threshold=draft_threshold,
       )
+      if draft_threshold and gamma > 1:
+        self.assertGreater(_early_bonus_tokens(result, gamma), 0)
     _assert_follows(self, result, _exact_distribution(target, config))
 
 

@@ -261,6 +261,14 @@ make_mesh.num_devices = 2
 
   @parameterized.named_parameters(
       ("gamma", "run.gamma = 0", "gamma must be an int >= 1"),
+      ("gamma_name", "run.gamma = 'best'", "gamma must be .* or 'auto'"),
+      ("verifier", "run.verifier = 'tree'", "run.verifier must be one of"),
+      (
+          "draft_threshold",
+          "run.draft_threshold = 1.0",
+          r"run.draft_threshold must be in \[0, 1\)",
+      ),
+      ("max_gamma", "run.max_gamma = 0", "run.max_gamma must be an int >= 1"),
       ("temperature", "run.temperature = -0.5", "temperature must be >= 0"),
       ("top_p_zero", "run.top_p = 0.0", r"top_p must be in \(0, 1\]"),
       ("top_p_big", "run.top_p = 1.5", r"top_p must be in \(0, 1\]"),

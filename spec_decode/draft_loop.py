@@ -1,0 +1,129 @@
+"""Step 1 of a speculative iteration: the draft proposes its tokens.
+
+Up to gamma draft calls, inside the decoding loop's jitted body. With a
+confidence threshold (adaptive draft length, as Hugging Face's
+`assistant_confidence_threshold`), each row stops proposing after its first
+draft whose confidence is below the threshold, and the draft stops calling
+once every live row has. The decision is a function of the row's own drafts,
+so a verifier that judges only the proposed prefix stays exact.
+"""
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from spec_decode import sampling
+
+
+def _confidence(logits, tokens, probs):
+  """float32 [B]: probs(tokens), or the max softmax probability if greedy."""
+  if probs is None:
+    logits = logits.astype(jnp.float32)
+    shifted = logits - jnp.max(logits, axis=-1, keepdims=True)  # [B, V]
+    return 1.0 / jnp.sum(jnp.exp(shifted), axis=-1)
+  return jnp.take_along_axis(probs, tokens[:, None], axis=-1)[:, 0]
+
+
+@flax.struct.dataclass
+class _DraftState:
+  """The state of the draft loop of one iteration.
+
+  Attributes:
+    step: int32 [] drafts made so far (the next one's index).
+    cache: the draft's cache.
+    tokens: int32 [B, gamma] the drafts (0 past `step`).
+    probs: float32 [B, gamma, V] their distributions, or None when greedy.
+    num_drafted: int32 [B] drafts each row proposes: those up to and
+      including its first one below the threshold.
+    stopped: bool [B] rows done drafting (and rows done decoding).
+  """
+
+  step: jax.Array
+  cache: Any
+  tokens: jax.Array
+  probs: jax.Array | None
+  num_drafted: jax.Array
+  stopped: jax.Array
+
+
+def propose(
+    draft_fn,
+    draft_cache,
+    history,
+    lengths,
+    done,
+    draft_rng,
+    *,
+    gamma,
+    config,
+    threshold,
+):
+  """Step 1: the drafts, their distributions and counts, and the cache.
+
+  Returns:
+    draft_tokens: int32 [B, gamma].
+    draft_probs: float32 [B, gamma, V], or None when greedy (see
+      `sampling.choose`).
+    num_drafted: int32 [B] drafts proposed per row (gamma without threshold).
+    steps: int32 [] draft calls made.
+    draft_cache: the cache.
+  """
+  start = jnp.maximum(lengths - 1, 0)  # [B]
+  chunk = jnp.take_along_axis(
+      history, start[:, None] + jnp.arange(2)[None, :], axis=1
+  )  # [B, 2]
+  logits, draft_cache = draft_fn(chunk, draft_cache.replace(lengths=start))
+  # At len = 0 the chunk is [BOS, junk]: keep the logits after BOS, and the
+  # length, which drops the junk.
+  offset = (lengths - start)[:, None, None]  # [B, 1, 1]
+  logits = jnp.take_along_axis(logits, offset, axis=1)[:, 0]  # [B, V]
+  draft_cache = draft_cache.replace(lengths=lengths + 1)
+
+  def add(state, logits):
+    """Draws draft number state.step from logits [B, V]."""
+    tokens, probs = sampling.choose(
+        jax.random.fold_in(draft_rng, state.step), logits, config
+    )
+    stopped = state.stopped
+    if threshold > 0:
+      stopped |= _confidence(logits, tokens, probs) < threshold
+    put = lambda whole, part: jax.lax.dynamic_update_index_in_dim(
+        whole, part, state.step, axis=1
+    )
+    return state.replace(
+        step=state.step + 1,
+        tokens=put(state.tokens, tokens),
+        probs=None if probs is None else put(state.probs, probs),
+        num_drafted=jnp.where(state.stopped, state.num_drafted, state.step + 1),
+        stopped=stopped,
+    )
+
+  batch_size, vocab_size = logits.shape
+  state = add(
+      _DraftState(
+          step=jnp.array(0, jnp.int32),
+          cache=draft_cache,
+          tokens=jnp.zeros((batch_size, gamma), jnp.int32),
+          probs=None
+          if config.greedy
+          else jnp.zeros((batch_size, gamma, vocab_size), jnp.float32),
+          num_drafted=jnp.zeros((batch_size,), jnp.int32),
+          stopped=done,
+      ),
+      logits,
+  )
+
+  def cond_fn(state):
+    return (state.step < gamma) & jnp.any(~state.stopped)
+
+  def body_fn(state):
+    last = jax.lax.dynamic_index_in_dim(
+        state.tokens, state.step - 1, axis=1
+    )  # [B, 1]
+    logits, cache = draft_fn(last, state.cache)
+    return add(state.replace(cache=cache), logits[:, 0])
+
+  state = jax.lax.while_loop(cond_fn, body_fn, state)
+  return state.tokens, state.probs, state.num_drafted, state.step, state.cache

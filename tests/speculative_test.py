@@ -612,7 +612,6 @@ class DraftCatchUpTest(parameterized.TestCase):
     )
 
 
-
 class VerifierAndEarlyStopTest(parameterized.TestCase):
   """Both verifiers, with and without early stop, in the whole loop."""
 

@@ -17,7 +17,6 @@ several hosts each host feeds its own rows and host 0 writes the results.
 """
 
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
@@ -26,12 +25,14 @@ import jax
 import numpy as np
 import tqdm
 
+from spec_decode import acceptance
 from spec_decode import analysis
 from spec_decode import drafts
 from spec_decode import engine
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
 from spec_decode import partitioning
+from spec_decode import run_outputs
 from spec_decode import sampling
 from spec_decode import timing
 
@@ -96,7 +97,7 @@ def measure_step_costs(decoders, inputs, gamma, max_decode_len):
 def _ngram_params(kind, corpus_path, vocabulary, vocab_size):
   if corpus_path is None:
     raise ValueError(f"a {kind} draft needs run.ngram_corpus, a text file")
-  lines = pathlib.Path(corpus_path).read_text().splitlines()
+  lines = inputs_lib.read_text(corpus_path, "run.ngram_corpus").splitlines()
   sequences = [
       list(vocabulary.encode(line)) + [inputs_lib.EOS_ID]
       for line in lines
@@ -128,6 +129,11 @@ def _check_args(
   ):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
+  if gamma > max_decode_len:
+    raise ValueError(
+        f"run.gamma {gamma} exceeds run.max_decode_len {max_decode_len}: "
+        "drafts past the last token are wasted; lower gamma"
+    )
 
 
 @gin.configurable
@@ -148,6 +154,7 @@ def run(
     ngram_corpus=None,
     replicate_draft=False,
     progress=True,
+    allow_nonfinite=False,
 ) -> dict[str, Any]:
   """Runs both decoders on the configured inputs and reports.
 
@@ -172,18 +179,26 @@ def run(
     replicate_draft: keep a whole copy of the draft on every device of the
       mesh's 'model' axis instead of splitting it (a small draft then needs
       no communication); the target is always split as the rules say.
-    progress: show a progress bar (on the first host).
+    progress: show a progress bar and where the results went (on the first
+      host).
+    allow_nonfinite: run on when a row's target logits are NaN or infinite
+      (its output is then garbage), counting such rows; by default the run
+      stops after the batch where the first one appears.
 
   Returns:
     The results dict, also written to output_dir/results.json.
 
   Raises:
-    ValueError: on bad configuration or input, with a one-line message.
+    ValueError: on bad configuration or input, with a one-line message; on
+      non-finite logits unless `allow_nonfinite`.
   """
   config = sampling.SamplingConfig(temperature, top_k, top_p)
   _check_args(
       gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
   )
+  writer = None
+  if jax.process_index() == 0:
+    writer = run_outputs.Writer(output_dir)  # Before any work: is it writable?
   texts = inputs_lib.read_inputs()
   encoded = inputs_lib.encode(texts, vocabulary, max_input_len, truncate_inputs)
   target_config = pair.model_config("target")
@@ -220,7 +235,6 @@ def run(
   )
 
   baseline_time = speculative_time = 0.0
-  rows = []
   totals = dict(
       baseline_tokens=0,
       speculative_tokens=0,
@@ -229,6 +243,8 @@ def run(
       accepted=0,
       beta=0.0,
       mismatches=0,
+      nonfinite_rows=0,
+      accepted_by_position=np.zeros((gamma,), np.int64),
   )
   batches = list(inputs_lib.batches(encoded.tokens, batch_size))
   seen_shapes = set()
@@ -273,6 +289,13 @@ def run(
     totals["drafted"] += int(spec.drafted_tokens[real].sum())
     totals["accepted"] += int(spec.accepted_tokens[real].sum())
     totals["beta"] += float(spec.beta_sum[real].sum())
+    blocks = acceptance.result_blocks(jax.tree.map(lambda x: x[real], spec))
+    totals["accepted_by_position"] += acceptance.rates_by_position(
+        (block for row_blocks in blocks for block in row_blocks), gamma
+    ).accepted
+    nonfinite = base.nonfinite[real] | spec.nonfinite[real]
+    totals["nonfinite_rows"] += int(nonfinite.sum())
+    rows = []
     for row in range(num_real):
       same = np.array_equal(base.sequences[row], spec.sequences[row])
       totals["mismatches"] += int(not same)
@@ -282,7 +305,19 @@ def run(
               "baseline": _text(vocabulary, base.sequences[row]),
               "speculative": _text(vocabulary, spec.sequences[row]),
               "identical": bool(same),
+              "nonfinite": bool(nonfinite[row]),
           }
+      )
+    if writer is not None:
+      writer.add_rows(rows)
+    if totals["nonfinite_rows"] and not allow_nonfinite:
+      decoded = index * batch_size + num_real
+      raise ValueError(
+          f"{totals['nonfinite_rows']} of the {decoded} rows decoded so far "
+          "had NaN or infinite target logits (a corrupt checkpoint, or "
+          "overflow in bfloat16), so their outputs are garbage; stopped "
+          f"(rows so far in {pathlib.Path(output_dir) / run_outputs.OUTPUTS_FILE}); "
+          "set run.allow_nonfinite = True to run on and count them"
       )
 
   costs = measure_step_costs(
@@ -301,8 +336,10 @@ def run(
       len(texts),
       encoded.num_truncated,
   )
-  if jax.process_index() == 0:
-    _write(output_dir, rows, results)
+  if writer is not None:
+    writer.finish(results, gin.operative_config_str())
+    if progress:
+      print(writer.summary())
   return results
 
 
@@ -326,6 +363,7 @@ def _results(
 ):
   """The report: what the paper measures, from a run's totals."""
   drafted = max(totals["drafted"], 1)
+  calls = max(totals["target_calls"], 1)
   alpha = totals["accepted"] / drafted
   baseline_ms = 1e3 * baseline_time / totals["baseline_tokens"]
   speculative_ms = 1e3 * speculative_time / totals["speculative_tokens"]
@@ -354,17 +392,16 @@ def _results(
       "predicted_speedup": analysis.walltime_improvement(alpha, gamma, costs.c),
       "optimal_gamma": analysis.optimal_gamma(alpha, costs.c),
       "mismatches": totals["mismatches"] if config.greedy else None,
+      "nonfinite_rows": totals["nonfinite_rows"],
+      # vLLM's definitions: per target call (a block of drafts), the share
+      # of calls whose i-th draft was accepted, and 1 + accepted drafts.
+      "acceptance_rate_by_position": [
+          int(n) / calls for n in totals["accepted_by_position"]
+      ],
+      "mean_accepted_length": 1 + totals["accepted"] / calls,
       "baseline_tokens": totals["baseline_tokens"],
       "speculative_tokens": totals["speculative_tokens"],
       "target_calls": totals["target_calls"],
+      "drafted_tokens": totals["drafted"],
+      "accepted_tokens": totals["accepted"],
   }
-
-
-def _write(output_dir, rows, results):
-  directory = pathlib.Path(output_dir)
-  directory.mkdir(parents=True, exist_ok=True)
-  with open(directory / "outputs.jsonl", "w") as f:
-    for row in rows:
-      f.write(json.dumps(row, ensure_ascii=False) + "\n")
-  (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-  (directory / "config.gin").write_text(gin.operative_config_str())

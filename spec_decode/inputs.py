@@ -55,11 +55,10 @@ def read_inputs(
         f"and read_inputs.prompt (got {chosen or 'none'})"
     )
   if path is not None:
-    file = pathlib.Path(path)
-    if not file.is_file():
-      raise ValueError(f"read_inputs.path: no such file: {path}")
     texts = [
-        prefix + line for line in file.read_text().splitlines() if line.strip()
+        prefix + line
+        for line in read_text(path, "read_inputs.path").splitlines()
+        if line.strip()
     ]
     where = f"input file {path}"
   elif prompt is not None:
@@ -72,6 +71,31 @@ def read_inputs(
   if not texts:
     raise ValueError(f"no inputs: {where} is empty")
   return texts
+
+
+def read_text(path, what):
+  """A UTF-8 text file's contents, or a one-line error naming it.
+
+  Args:
+    path: the file.
+    what: what the file is, for the message (e.g. 'run.ngram_corpus').
+
+  Returns:
+    The text.
+
+  Raises:
+    ValueError: if there is no such file, or it is not UTF-8.
+  """
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise ValueError(f"{what}: no such file: {path}")
+  try:
+    return file.read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(
+        f"{what}: {path} is not UTF-8 text (byte {e.start}: "
+        f"{e.object[e.start:e.start + 1]!r}); convert it, e.g. with iconv"
+    ) from None
 
 
 def _task_inputs(task_name, split, num_examples):

@@ -58,6 +58,10 @@ class SpeculativeResult:
       REPLACEMENT or BONUS token (unless EOS or max_decode_len cuts it).
     rejected_tokens: int32 [B, max_decode_len] at each REPLACEMENT token, the
       drafted token the target rejected there; -1 elsewhere.
+    nonfinite: bool [B] whether the target's logits for the row were ever
+      NaN or infinite while it was live (see `decoding.DecodeResult`); None
+      in results built by hand. The draft's are not counted: a NaN draft
+      distribution is only ever rejected.
   """
 
   sequences: jax.Array
@@ -68,6 +72,7 @@ class SpeculativeResult:
   beta_sum: jax.Array
   token_sources: jax.Array
   rejected_tokens: jax.Array
+  nonfinite: jax.Array | None = None
 
   def acceptance_rate(self) -> jax.Array:
     """Empirical alpha: accepted / judged drafted tokens, over all rows."""
@@ -104,6 +109,7 @@ class SpeculativeLoopState:
     drafted_tokens: int32 [B] see `SpeculativeResult`.
     accepted_tokens: int32 [B] see `SpeculativeResult`.
     beta_sum: float32 [B] see `SpeculativeResult`.
+    nonfinite: bool [B] see `SpeculativeResult`.
   """
 
   cur_index: jax.Array
@@ -118,6 +124,7 @@ class SpeculativeLoopState:
   drafted_tokens: jax.Array
   accepted_tokens: jax.Array
   beta_sum: jax.Array
+  nonfinite: jax.Array
 
 
 def accepted_count(
@@ -478,6 +485,8 @@ def _speculative_decode(
         drafted_tokens=state.drafted_tokens + num_judged,
         accepted_tokens=state.accepted_tokens + num_kept,
         beta_sum=state.beta_sum + jnp.sum(jnp.where(judged, beta, 0.0), axis=1),
+        nonfinite=state.nonfinite
+        | (~state.done & jnp.any(sampling.nonfinite_rows(target_logits), 1)),
     )
 
   zeros = jnp.zeros((batch_size,), jnp.int32)
@@ -498,6 +507,7 @@ def _speculative_decode(
           drafted_tokens=zeros,
           accepted_tokens=zeros,
           beta_sum=jnp.zeros((batch_size,), jnp.float32),
+          nonfinite=jnp.zeros((batch_size,), bool),
       ),
   )
   emitted = slice(1, max_decode_len + 1)
@@ -514,6 +524,7 @@ def _speculative_decode(
       drafted_tokens=state.drafted_tokens,
       accepted_tokens=state.accepted_tokens,
       beta_sum=state.beta_sum,
+      nonfinite=state.nonfinite,
   )
   if return_caches:
     return result, state.target_cache, state.draft_cache

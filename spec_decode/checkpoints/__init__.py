@@ -41,6 +41,7 @@ from flax import traverse_util
 import jax
 import jax.numpy as jnp
 
+from spec_decode.checkpoints import checksums
 from spec_decode.checkpoints import hf
 from spec_decode.checkpoints import orbax_pytree
 from spec_decode.checkpoints import storage
@@ -176,16 +177,21 @@ def load_params(
     CheckpointMismatchError: if the checkpoint's parameters differ from
       `expected`; the message lists every missing, unexpected and mis-shaped
       parameter and names a vocabulary-size mismatch.
+    CheckpointError: if a parameter differs from its checksum (Orbax
+      checkpoints with a `checksums.json`, as exports write) or holds NaN or
+      infinite values, naming it.
   """
   wanted = traverse_util.flatten_dict(expected, sep="/")
   found_format = detect_format(path)
   if found_format is Format.MESH_TENSORFLOW:
     raise _mesh_tensorflow_error(path)
   notes = []
+  sums = None
   if found_format is Format.T5X:
     leaves = t5x.list_arrays(path, dtype=dtype)
   elif found_format is Format.ORBAX:
     leaves = orbax_pytree.list_arrays(path)
+    sums = checksums.read(orbax_pytree.pytree_directory(path))
   else:
     leaves, notes = hf.list_params(
         path, logits_via_embedding=_LOGITS not in wanted
@@ -201,22 +207,66 @@ def load_params(
   params = {}
   for name in wanted:
     leaf_dtype = dtype if dtype is not None else wanted[name].dtype
-    leaf = leaves.pop(name)
-    if shardings is None:
-      params[name] = leaf.read(leaf_dtype)
-    else:
-      params[name] = _place(leaf, leaf_dtype, shardings[name])
+    params[name] = _read_checked(
+        name,
+        leaves.pop(name),
+        leaf_dtype,
+        None if shardings is None else shardings[name],
+        sums,
+        path,
+    )
   return traverse_util.unflatten_dict(params, sep="/")
 
 
-def _place(leaf, dtype, sharding):
+def _read_checked(name, leaf, dtype, sharding, sums, source):
+  """Reads one parameter, checked: its checksum if recorded, and finite.
+
+  Args:
+    name: the '/'-joined parameter name.
+    leaf: its stored array (any format's leaf, with `shape` and `read`).
+    dtype: the dtype to load it in.
+    sharding: where to place it, shard by shard; None for a numpy array.
+    sums: the checkpoint's `checksums.FILE` records, or None. With them the
+      parameter is read whole in its stored dtype once, and verified.
+    source: the checkpoint's path, for messages.
+
+  Returns:
+    The parameter (numpy, or a sharded jax.Array).
+
+  Raises:
+    CheckpointError: naming the parameter, on a checksum that differs or a
+      NaN or infinite value.
+  """
+  whole = None
+  if sums is not None:
+    if name not in sums:
+      raise CheckpointError(
+          f"{source}: parameter {name} has no record in {checksums.FILE}"
+      )
+    whole = leaf.read(None)
+    checksums.verify(name, whole, sums[name], source)
+
+  def read(index=()):
+    if whole is None:
+      value = leaf.read(dtype, index)
+    else:
+      value = validate.cast(whole[index], dtype)
+    checksums.check_finite(name, value, source)
+    return value
+
+  if sharding is None:
+    return read()
+  return _place(leaf.shape, read, sharding)
+
+
+def _place(shape, read, sharding):
   """Reads one parameter shard by shard onto its devices (each slice once)."""
-  read = {}
+  slices = {}
 
   def shard(index):
     key = tuple((s.start, s.stop, s.step) for s in index)
-    if key not in read:
-      read[key] = leaf.read(dtype, index)
-    return read[key]
+    if key not in slices:
+      slices[key] = read(index)
+    return slices[key]
 
-  return jax.make_array_from_callback(leaf.shape, sharding, shard)
+  return jax.make_array_from_callback(shape, sharding, shard)

@@ -30,8 +30,12 @@ class T5Config:
     num_buckets: relative position buckets per stack.
     max_distance: the distance from which all positions share one bucket.
     dropout_rate: dropout in training; decoding never uses it.
-    dtype: activation dtype name ('float32' or 'bfloat16'); logits, norms and
+    dtype: activation dtype name ('float32' or 'bfloat16'); norms and
       attention softmax stay in float32.
+    logits_dtype: the dtype of the logits projection (T5 1.1's
+      `logits_dense`: its inputs, kernel and accumulation); 'float32' by
+      default whatever `dtype` is. 'bfloat16' exists to measure what float32
+      logits buy (see the README's known limits).
   """
 
   vocab_size: int = gin.REQUIRED
@@ -47,6 +51,7 @@ class T5Config:
   max_distance: int = 128
   dropout_rate: float = 0.0
   dtype: str = "float32"
+  logits_dtype: str = "float32"
 
   def __post_init__(self):
     for name in (
@@ -71,11 +76,12 @@ class T5Config:
           f"T5Config.mlp_activations: unknown {sorted(unknown)}; "
           f"known: {sorted(known)}"
       )
-    if self.dtype not in ("float32", "bfloat16"):
-      raise ValueError(
-          f"T5Config.dtype must be 'float32' or 'bfloat16', got "
-          f"{self.dtype!r}"
-      )
+    for name in ("dtype", "logits_dtype"):
+      if getattr(self, name) not in ("float32", "bfloat16"):
+        raise ValueError(
+            f"T5Config.{name} must be 'float32' or 'bfloat16', got "
+            f"{getattr(self, name)!r}"
+        )
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
 
   @property

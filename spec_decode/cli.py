@@ -76,3 +76,16 @@ def one_line_errors():
   except (ValueError, RuntimeError, OSError, checkpoints.CheckpointError) as e:
     print(f"error: {report.one_line(e)}", file=sys.stderr)
     sys.exit(1)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    # TensorFlow's file system errors (a gs:// file unreachable offline)
+    # derive from none of the above.
+    if not _is_tensorflow_error(e):
+      raise
+    print(f"error: {report.joined(e)}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _is_tensorflow_error(error):
+  return any(
+      cls.__module__.startswith("tensorflow.") for cls in type(error).__mro__
+  )

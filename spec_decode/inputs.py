@@ -14,6 +14,7 @@ cut (and counted) when `truncate` is set.
 import dataclasses
 import pathlib
 
+from absl import logging
 import gin
 import numpy as np
 
@@ -98,10 +99,32 @@ def read_text(path, what):
     ) from None
 
 
+def _quietly(function):
+  """Calls function() with absl's warnings off (TFDS warns of its probes)."""
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    return function()
+  finally:
+    logging.set_verbosity(verbosity)
+
+
 def _task_inputs(task_name, split, num_examples):
   import seqio  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
   task = seqio.get_mixture_or_task(task_name)
+  if isinstance(task.source, seqio.TfdsDataSource):
+    # Else TFDS starts downloading and preparing it, which fails offline
+    # after minutes of retries.
+    builder = task.source.tfds_dataset.builder
+    if not _quietly(builder.is_prepared):
+      name = task.source.tfds_dataset.name
+      raise ValueError(
+          f"seqio task {task_name} reads the TFDS dataset {name}, which is "
+          f"not prepared in {builder.data_dir}: prepare it with `tfds build "
+          f"{name.split(':')[0]}` (needs the network; TFDS_DATA_DIR may point "
+          "at a copy), or give the inputs as a file with read_inputs.path"
+      )
   dataset = task.get_dataset(
       sequence_length=None, split=split, shuffle=False, num_epochs=1
   )

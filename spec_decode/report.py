@@ -64,6 +64,16 @@ def _multiline(error):
   return False
 
 
+def joined(error):
+  """An exception's whole message joined into one line, without gin's context
+  (for messages that wrap one sentence over lines, as TensorFlow's do)."""
+  return " ".join(
+      line.strip()
+      for line in str(error).splitlines()
+      if line.strip() and not line.strip().startswith(_GIN_CONTEXT)
+  )
+
+
 def one_line(error):
   """An exception's message on one line (gin adds the binding's location).
 

@@ -1,6 +1,7 @@
 """No silent garbage, no lost work: non-finite logits, corrupt checkpoints,
 one-line errors, and what a run writes (issue 14)."""
 
+import io
 import json
 import os
 import pathlib
@@ -21,6 +22,7 @@ import sentencepiece as spm
 import fake_models
 import run_test
 from spec_decode import checkpoints
+from spec_decode import cli
 from spec_decode import compare
 from spec_decode import decoding
 from spec_decode import gin_config
@@ -210,6 +212,65 @@ class CheckpointIntegrityTest(absltest.TestCase):
     demo = pathlib.Path(__file__).resolve().parent.parent / "spec_decode/demo"
     for name in ("target", "draft", "draft_distilled"):
       self.assertTrue((demo / name / "checksums.json").is_file(), name)
+
+
+class OfflineTest(absltest.TestCase):
+  """The paper's configs and the README's commands without the network."""
+
+  def test_unprepared_tfds_dataset_is_one_line(self):
+    import seqio  # pylint: disable=g-import-not-at-top
+
+    from spec_decode import data  # pylint: disable=g-import-not-at-top,unused-import
+
+    # Imports tensorflow_datasets, which needs importlib_resources.
+    builder = seqio.get_mixture_or_task("wmt_t2t_en_de").source.tfds_dataset
+    with mock.patch.object(
+        type(builder.builder), "is_prepared", return_value=False
+    ):
+      with self.assertRaisesRegex(
+          ValueError,
+          r"^seqio task wmt_t2t_en_de reads the TFDS dataset "
+          r"wmt_t2t_translate/de-en:1.0.0, which is not prepared in .*: "
+          r"prepare it with `tfds build wmt_t2t_translate/de-en`",
+      ):
+        inputs_lib.read_inputs(task="wmt_t2t_en_de")
+
+  def test_unreachable_gcs_fails_at_once(self):
+    with mock.patch.object(
+        checkpoints.socket, "getaddrinfo", side_effect=OSError(-2, "no DNS")
+    ):
+      with self.assertRaisesRegex(
+          checkpoints.CheckpointError,
+          r"^cannot read gs://b/ckpt: storage.googleapis.com does not "
+          r"resolve \(no DNS\)",
+      ):
+        checkpoints.load_params("gs://b/ckpt", t5.param_shapes(_DRAFT))
+
+  def test_tensorflow_file_errors_are_one_line(self):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+    stderr = io.StringIO()
+    with mock.patch.object(sys, "stderr", stderr):
+      with self.assertRaises(SystemExit) as exited:
+        with cli.one_line_errors():
+          raise tf.errors.FailedPreconditionError(
+              None, None, "Could not resolve host\n when reading gs://x/y"
+          )
+    self.assertEqual(exited.exception.code, 1)
+    self.assertEqual(
+        stderr.getvalue(),
+        "error: Could not resolve host when reading gs://x/y\n",
+    )
+
+  def test_multi30k_training_text_ships_in_the_package(self):
+    from spec_decode import data  # pylint: disable=g-import-not-at-top
+
+    package = pathlib.Path(data.__file__).resolve().parent
+    self.assertEqual(data.multi30k_dir(), package / "demo" / "multi30k")
+    for split, size in (("train", 29_000), ("validation", 1_014)):
+      sources, references = data.parallel_text(data.MULTI30K, split)
+      self.assertLen(sources, size)
+      self.assertLen(references, size)
 
 
 class RunTest(parameterized.TestCase):

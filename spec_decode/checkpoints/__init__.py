@@ -35,6 +35,7 @@ exists.
 from collections.abc import Mapping
 import enum
 import os
+import socket
 from typing import Any
 
 from flax import traverse_util
@@ -182,6 +183,8 @@ def load_params(
       infinite values, naming it.
   """
   wanted = traverse_util.flatten_dict(expected, sep="/")
+  if storage.is_gcs(path):
+    _check_gcs_reachable(path)
   found_format = detect_format(path)
   if found_format is Format.MESH_TENSORFLOW:
     raise _mesh_tensorflow_error(path)
@@ -216,6 +219,23 @@ def load_params(
         path,
     )
   return traverse_util.unflatten_dict(params, sep="/")
+
+
+# The host every gs:// read goes to.
+_GCS_HOST = "storage.googleapis.com"
+
+
+def _check_gcs_reachable(path):
+  """Fails at once when GCS is unreachable (offline, tensorstore retries for
+  minutes)."""
+  try:
+    socket.getaddrinfo(_GCS_HOST, 443)
+  except OSError as e:
+    raise CheckpointError(
+        f"cannot read {path}: {_GCS_HOST} does not resolve ({e.strerror}); "
+        "with no network, copy the checkpoint to a local directory and bind "
+        "its path"
+    ) from None
 
 
 def _read_checked(name, leaf, dtype, sharding, sums, source):

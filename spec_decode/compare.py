@@ -311,13 +311,10 @@ def run(
     if writer is not None:
       writer.add_rows(rows)
     if totals["nonfinite_rows"] and not allow_nonfinite:
-      decoded = index * batch_size + num_real
-      raise ValueError(
-          f"{totals['nonfinite_rows']} of the {decoded} rows decoded so far "
-          "had NaN or infinite target logits (a corrupt checkpoint, or "
-          "overflow in bfloat16), so their outputs are garbage; stopped "
-          f"(rows so far in {pathlib.Path(output_dir) / run_outputs.OUTPUTS_FILE}); "
-          "set run.allow_nonfinite = True to run on and count them"
+      if writer is not None:
+        writer.close()
+      raise _nonfinite_error(
+          totals["nonfinite_rows"], index * batch_size + num_real, output_dir
       )
 
   costs = measure_step_costs(
@@ -341,6 +338,16 @@ def run(
     if progress:
       print(writer.summary())
   return results
+
+
+def _nonfinite_error(num_rows, num_decoded, output_dir):
+  outputs = pathlib.Path(output_dir) / run_outputs.OUTPUTS_FILE
+  return ValueError(
+      f"{num_rows} of the {num_decoded} rows decoded so far had NaN or "
+      "infinite target logits (a corrupt checkpoint, or overflow in "
+      f"bfloat16), so their outputs are garbage; stopped (rows so far in "
+      f"{outputs}); set run.allow_nonfinite = True to run on and count them"
+  )
 
 
 def _check_vocabulary(vocabulary, target_config):

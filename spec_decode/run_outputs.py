@@ -55,10 +55,14 @@ class Writer:
       self._outputs.write(json.dumps(row, ensure_ascii=False) + "\n")
     self._outputs.flush()
 
-  def finish(self, results, config_str):
-    """Closes outputs.jsonl; writes results.json and config.gin atomically."""
+  def close(self):
+    """Closes outputs.jsonl (when a run stops early)."""
     if self._outputs is not None:
       self._outputs.close()
+
+  def finish(self, results, config_str):
+    """Closes outputs.jsonl; writes results.json and config.gin atomically."""
+    self.close()
     write_atomically(
         self.directory / RESULTS_FILE, json.dumps(results, indent=2) + "\n"
     )

@@ -18,12 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
+import seqio
 
 import fake_models
 import run_test
 from spec_decode import checkpoints
 from spec_decode import cli
 from spec_decode import compare
+from spec_decode import data
 from spec_decode import decoding
 from spec_decode import gin_config
 from spec_decode import inputs as inputs_lib
@@ -218,11 +220,8 @@ class OfflineTest(absltest.TestCase):
   """The paper's configs and the README's commands without the network."""
 
   def test_unprepared_tfds_dataset_is_one_line(self):
-    import seqio  # pylint: disable=g-import-not-at-top
-
-    from spec_decode import data  # pylint: disable=g-import-not-at-top,unused-import
-
-    # Imports tensorflow_datasets, which needs importlib_resources.
+    # `data` registered the task, importing tensorflow_datasets, which needs
+    # importlib_resources.
     builder = seqio.get_mixture_or_task("wmt_t2t_en_de").source.tfds_dataset
     with mock.patch.object(
         type(builder.builder), "is_prepared", return_value=False
@@ -263,8 +262,6 @@ class OfflineTest(absltest.TestCase):
     )
 
   def test_multi30k_training_text_ships_in_the_package(self):
-    from spec_decode import data  # pylint: disable=g-import-not-at-top
-
     package = pathlib.Path(data.__file__).resolve().parent
     self.assertEqual(data.multi30k_dir(), package / "demo" / "multi30k")
     for split, size in (("train", 29_000), ("validation", 1_014)):

@@ -39,10 +39,12 @@ def record(array: np.ndarray) -> dict[str, Any]:
 
 def write(directory: str, arrays: Mapping[str, np.ndarray]) -> None:
   """Writes `FILE` into `directory` for '/'-joined name -> array."""
-  records = {name: record(np.asarray(a)) for name, a in sorted(arrays.items())}
+  lines = [
+      f"  {json.dumps(name)}: {json.dumps(record(np.asarray(array)))}"
+      for name, array in sorted(arrays.items())
+  ]  # One parameter a line.
   with open(os.path.join(directory, FILE), "w", encoding="utf-8") as f:
-    json.dump(records, f, indent=1)
-    f.write("\n")
+    f.write("{\n" + ",\n".join(lines) + "\n}\n")
 
 
 def read(directory: str | None) -> dict[str, dict[str, Any]] | None:

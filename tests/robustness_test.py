@@ -1,6 +1,7 @@
 """No silent garbage, no lost work: non-finite logits, corrupt checkpoints,
 one-line errors, and what a run writes (issue 14)."""
 
+import dataclasses
 import io
 import json
 import os
@@ -136,6 +137,20 @@ class NonfiniteLogitsTest(parameterized.TestCase):
     )
     np.testing.assert_array_equal(spec.sequences, base.sequences)
     self.assertFalse(np.any(spec.nonfinite))
+
+
+class LogitsDtypeTest(absltest.TestCase):
+  """T5Config.logits_dtype, the knob of the README's bfloat16 measurement."""
+
+  def test_float32_logits_by_default_bfloat16_on_request(self):
+    params = t5.init_params(_DRAFT, jax.random.key(0))
+    tokens = jnp.array([[3, 4, 1]])
+    for dtype in ("float32", "bfloat16"):
+      config = dataclasses.replace(_DRAFT, dtype="bfloat16", logits_dtype=dtype)
+      logits = t5.Transformer(config).apply({"params": params}, tokens, tokens)
+      self.assertEqual(logits.dtype, jnp.dtype(dtype))
+    with self.assertRaisesRegex(ValueError, "T5Config.logits_dtype must be"):
+      dataclasses.replace(_DRAFT, logits_dtype="float16")
 
 
 class CheckpointIntegrityTest(absltest.TestCase):

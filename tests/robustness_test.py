@@ -31,6 +31,7 @@ from spec_decode import decoding
 from spec_decode import gin_config
 from spec_decode import inputs as inputs_lib
 from spec_decode import optimizers
+from spec_decode import partitioning
 from spec_decode import run_outputs
 from spec_decode import sampling
 from spec_decode import speculative
@@ -188,12 +189,21 @@ class CheckpointIntegrityTest(absltest.TestCase):
     # As if the stored bytes had changed: the record no longer matches them.
     sums["encoder/layers_0/mlp/wo/kernel"]["sha256"] = "0" * 64
     sums_file.write_text(json.dumps(sums))
-    with self.assertRaisesRegex(
-        checkpoints.CheckpointError,
-        r"^.*/export: parameter encoder/layers_0/mlp/wo/kernel does not "
-        r"match its checksum in checksums.json",
+    mesh = partitioning.make_mesh(num_devices=2)
+    for shardings in (
+        None,  # Read whole.
+        partitioning.shardings(
+            self.shapes, t5.param_logical_axes(_DRAFT), mesh
+        ),  # Read shard by shard, as runs do.
     ):
-      checkpoints.load_params(str(directory), self.shapes, jnp.float32)
+      with self.assertRaisesRegex(
+          checkpoints.CheckpointError,
+          r"^.*/export: parameter encoder/layers_0/mlp/wo/kernel does not "
+          r"match its checksum in checksums.json",
+      ):
+        checkpoints.load_params(
+            str(directory), self.shapes, jnp.float32, shardings
+        )
 
   def test_random_bytes_over_a_data_file_fail(self):
     directory = self._export()

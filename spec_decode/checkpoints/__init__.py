@@ -41,6 +41,7 @@ from typing import Any
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spec_decode.checkpoints import checksums
 from spec_decode.checkpoints import hf
@@ -239,44 +240,57 @@ def _check_gcs_reachable(path):
 
 
 def _read_checked(name, leaf, dtype, sharding, sums, source):
-  """Reads one parameter, checked: its checksum if recorded, and finite.
+  """Reads one parameter, checked: finite, and its checksum if recorded.
 
   Args:
     name: the '/'-joined parameter name.
     leaf: its stored array (any format's leaf, with `shape` and `read`).
     dtype: the dtype to load it in.
     sharding: where to place it, shard by shard; None for a numpy array.
-    sums: the checkpoint's `checksums.FILE` records, or None. With them the
-      parameter is read whole in its stored dtype once, and verified.
+    sums: the checkpoint's `checksums.FILE` records, or None.
     source: the checkpoint's path, for messages.
 
   Returns:
     The parameter (numpy, or a sharded jax.Array).
 
   Raises:
-    CheckpointError: naming the parameter, on a checksum that differs or a
-      NaN or infinite value.
+    CheckpointError: naming the parameter, on a NaN or infinite value or a
+      checksum that differs.
   """
-  whole = None
+
+  def read(index=()):
+    value = leaf.read(dtype, index)
+    checksums.check_finite(name, value, source)
+    return value
+
+  value = read() if sharding is None else _place(leaf.shape, read, sharding)
   if sums is not None:
     if name not in sums:
       raise CheckpointError(
           f"{source}: parameter {name} has no record in {checksums.FILE}"
       )
-    whole = leaf.read(None)
-    checksums.verify(name, whole, sums[name], source)
+    _verify(name, leaf, value, sums[name], source)
+  return value
 
-  def read(index=()):
-    if whole is None:
-      value = leaf.read(dtype, index)
-    else:
-      value = validate.cast(whole[index], dtype)
-    checksums.check_finite(name, value, source)
-    return value
 
-  if sharding is None:
-    return read()
-  return _place(leaf.shape, read, sharding)
+def _verify(name, leaf, value, record, source):
+  """Checks a loaded parameter against its checksum record.
+
+  The loaded value, cast back to the stored dtype, is hashed when that cast
+  is exact (the load kept or widened the dtype: bfloat16 exports loaded in
+  float32), so nothing is read twice; else the stored array is read whole.
+  On several hosts, where no host holds the whole parameter, only the
+  value checks apply.
+  """
+  if isinstance(value, jax.Array) and not value.is_fully_addressable:
+    return
+  stored = jnp.dtype(record["dtype"])
+  host = np.asarray(value)
+  if jnp.promote_types(stored, host.dtype) == host.dtype:
+    as_stored = host.astype(stored)
+  else:
+    as_stored = leaf.read(None)
+  checksums.verify(name, as_stored, record, source)
 
 
 def _place(shape, read, sharding):

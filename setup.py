@@ -9,6 +9,8 @@ INSTALL_REQUIRES = [
     "absl-py==2.5.1",
     "flax==0.12.8",
     "gin-config==0.5.0",
+    # tensorflow_datasets (through seqio) imports it without declaring it.
+    "importlib-resources==7.1.0",
     "jax==0.10.2",
     "jaxlib==0.10.2",
     # The benchmark's plot of speedup vs gamma.

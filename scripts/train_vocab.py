@@ -15,7 +15,7 @@ from spec_decode import data
 _MULTI30K_DIR = flags.DEFINE_string(
     "multi30k_dir",
     None,
-    "Directory of Multi30k's train.{en,de}.gz; default ../shared/data.",
+    "Directory of Multi30k's train.{en,de}.gz; default: the package's copy.",
 )
 _OUTPUT = flags.DEFINE_string(
     "output", str(data.VOCABULARY_FILE), "Where to write the .model file."

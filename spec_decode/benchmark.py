@@ -12,7 +12,6 @@ sweeps run in parts. This app parses flags and gin, and turns bad input, or a
 point that fails, into a one-line error.
 """
 
-from absl import app
 from absl import flags
 
 from spec_decode import cli
@@ -48,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

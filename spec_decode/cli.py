@@ -33,8 +33,10 @@ def start(argv):
   """
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  # Keep reports readable: JAX logs backend probing at INFO.
-  logging.set_verbosity(logging.WARNING)
+  if not flags.FLAGS["verbosity"].present:
+    # Keep reports readable: JAX logs backend probing, and Orbax each
+    # checkpoint, at INFO.
+    logging.set_verbosity(logging.WARNING)
   # Imported here, after absl has started, because TensorFlow's CUDA probe
   # logs an error when imported before it; vocabulary imports TensorFlow
   # quietly, and registers seqio's vocabularies with gin; data registers
@@ -48,6 +50,24 @@ def start(argv):
   distributed.initialize_distributed()
 
 
+_HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull")
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, except that asking for help exits 0, not 1."""
+  asked = [arg for arg in argv[1:] if arg in _HELP_FLAGS]
+  if asked:
+    app.usage(
+        shorthelp=asked[0] != "--helpfull", writeto_stdout=True, exitcode=0
+    )
+  return app.parse_flags_with_usage(argv)
+
+
+def run(main):
+  """`app.run(main)`, with --help exiting 0."""
+  app.run(main, flags_parser=_parse_flags)
+
+
 @contextlib.contextmanager
 def one_line_errors():
   """Turns bad input into 'error: <one line>' on stderr and exit status 1."""
@@ -56,3 +76,16 @@ def one_line_errors():
   except (ValueError, RuntimeError, OSError, checkpoints.CheckpointError) as e:
     print(f"error: {report.one_line(e)}", file=sys.stderr)
     sys.exit(1)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    # TensorFlow's file system errors (a gs:// file unreachable offline)
+    # derive from none of the above.
+    if not _is_tensorflow_error(e):
+      raise
+    print(f"error: {report.joined(e)}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _is_tensorflow_error(error):
+  return any(
+      cls.__module__.startswith("tensorflow.") for cls in type(error).__mro__
+  )

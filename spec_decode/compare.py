@@ -17,7 +17,6 @@ several hosts each host feeds its own rows and host 0 writes the results.
 """
 
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
@@ -26,6 +25,7 @@ import jax
 import numpy as np
 import tqdm
 
+from spec_decode import acceptance
 from spec_decode import analysis
 from spec_decode import calibration as calibration_lib
 from spec_decode import drafts
@@ -33,6 +33,7 @@ from spec_decode import engine
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
 from spec_decode import partitioning
+from spec_decode import run_outputs
 from spec_decode import sampling
 from spec_decode import timing
 from spec_decode import verify
@@ -98,7 +99,7 @@ def measure_step_costs(decoders, inputs, gamma, max_decode_len):
 def _ngram_params(kind, corpus_path, vocabulary, vocab_size):
   if corpus_path is None:
     raise ValueError(f"a {kind} draft needs run.ngram_corpus, a text file")
-  lines = pathlib.Path(corpus_path).read_text().splitlines()
+  lines = inputs_lib.read_text(corpus_path, "run.ngram_corpus").splitlines()
   sequences = [
       list(vocabulary.encode(line)) + [inputs_lib.EOS_ID]
       for line in lines
@@ -130,6 +131,11 @@ def _check_args(
   ):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
+  if gamma != "auto" and gamma > max_decode_len:
+    raise ValueError(
+        f"run.gamma {gamma} exceeds run.max_decode_len {max_decode_len}: "
+        "drafts past the last token are wasted; lower gamma"
+    )
 
 
 @gin.configurable
@@ -154,6 +160,7 @@ def run(
     draft_threshold=0.0,
     max_gamma=8,
     calibration_batches=2,
+    allow_nonfinite=False,
 ) -> dict[str, Any]:
   """Runs both decoders on the configured inputs and reports.
 
@@ -182,18 +189,23 @@ def run(
     replicate_draft: keep a whole copy of the draft on every device of the
       mesh's 'model' axis instead of splitting it (a small draft then needs
       no communication); the target is always split as the rules say.
-    progress: show a progress bar (on the first host).
+    progress: show a progress bar and where the results went (on the first
+      host).
     verifier: 'block' or 'token' (see `spec_decode.verify`).
     draft_threshold: in [0, 1); above 0 the draft stops early, below this
       confidence (see `speculative.speculative_decode`).
     max_gamma: the largest gamma 'auto' considers.
     calibration_batches: batches 'auto' calibrates on.
+    allow_nonfinite: run on when a row's target logits are NaN or infinite
+      (its output is then garbage), counting such rows; by default the run
+      stops after the batch where the first one appears.
 
   Returns:
     The results dict, also written to output_dir/results.json.
 
   Raises:
-    ValueError: on bad configuration or input, with a one-line message.
+    ValueError: on bad configuration or input, with a one-line message; on
+      non-finite logits unless `allow_nonfinite`.
   """
   config = sampling.SamplingConfig(temperature, top_k, top_p)
   _check_args(
@@ -201,6 +213,9 @@ def run(
   )
   _check_policy(verifier, draft_threshold, max_gamma, calibration_batches)
   vocabulary = _vocabulary(vocabulary)
+  writer = None
+  if jax.process_index() == 0:
+    writer = run_outputs.Writer(output_dir)  # Before any work: is it writable?
   texts = inputs_lib.read_inputs()
   encoded = inputs_lib.encode(texts, vocabulary, max_input_len, truncate_inputs)
   target_config = pair.model_config("target")
@@ -237,7 +252,6 @@ def run(
   )
 
   baseline_time = speculative_time = 0.0
-  rows = []
   totals = dict(
       baseline_tokens=0,
       speculative_tokens=0,
@@ -247,6 +261,7 @@ def run(
       beta=0.0,
       mismatches=0,
       draft_calls=0,
+      nonfinite_rows=0,
   )
   batches = list(inputs_lib.batches(encoded.tokens, batch_size))
   calibration = None
@@ -264,6 +279,7 @@ def run(
         rng=jax.random.key(seed),
     )
     gamma = calibration.gamma
+  totals["accepted_by_position"] = np.zeros((gamma,), np.int64)
   seen_shapes = set()
   for index, (batch, num_real) in enumerate(
       tqdm.tqdm(
@@ -309,6 +325,13 @@ def run(
     totals["accepted"] += int(spec.accepted_tokens[real].sum())
     totals["beta"] += float(spec.beta_sum[real].sum())
     totals["draft_calls"] += int(spec.draft_calls[real].sum())
+    blocks = acceptance.result_blocks(jax.tree.map(lambda x: x[real], spec))
+    totals["accepted_by_position"] += acceptance.rates_by_position(
+        (block for row_blocks in blocks for block in row_blocks), gamma
+    ).accepted
+    nonfinite = base.nonfinite[real] | spec.nonfinite[real]
+    totals["nonfinite_rows"] += int(nonfinite.sum())
+    rows = []
     for row in range(num_real):
       same = np.array_equal(base.sequences[row], spec.sequences[row])
       totals["mismatches"] += int(not same)
@@ -318,7 +341,16 @@ def run(
               "baseline": _text(vocabulary, base.sequences[row]),
               "speculative": _text(vocabulary, spec.sequences[row]),
               "identical": bool(same),
+              "nonfinite": bool(nonfinite[row]),
           }
+      )
+    if writer is not None:
+      writer.add_rows(rows)
+    if totals["nonfinite_rows"] and not allow_nonfinite:
+      if writer is not None:
+        writer.close()
+      raise _nonfinite_error(
+          totals["nonfinite_rows"], index * batch_size + num_real, output_dir
       )
 
   costs = measure_step_costs(
@@ -346,8 +378,10 @@ def run(
           totals["draft_calls"] / totals["target_calls"]
       ),
   )
-  if jax.process_index() == 0:
-    _write(output_dir, rows, results)
+  if writer is not None:
+    writer.finish(results, gin.operative_config_str())
+    if progress:
+      print(writer.summary())
   return results
 
 
@@ -381,6 +415,16 @@ def _check_policy(verifier, draft_threshold, max_gamma, calibration_batches):
       raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
 
 
+def _nonfinite_error(num_rows, num_decoded, output_dir):
+  outputs = pathlib.Path(output_dir) / run_outputs.OUTPUTS_FILE
+  return ValueError(
+      f"{num_rows} of the {num_decoded} rows decoded so far had NaN or "
+      "infinite target logits (a corrupt checkpoint, or overflow in "
+      f"bfloat16), so their outputs are garbage; stopped (rows so far in "
+      f"{outputs}); set run.allow_nonfinite = True to run on and count them"
+  )
+
+
 def _check_vocabulary(vocabulary, target_config):
   if vocabulary.vocab_size > target_config.vocab_size:
     raise ValueError(
@@ -401,6 +445,7 @@ def _results(
 ):
   """The report: what the paper measures, from a run's totals."""
   drafted = max(totals["drafted"], 1)
+  calls = max(totals["target_calls"], 1)
   alpha = totals["accepted"] / drafted
   baseline_ms = 1e3 * baseline_time / totals["baseline_tokens"]
   speculative_ms = 1e3 * speculative_time / totals["speculative_tokens"]
@@ -429,17 +474,16 @@ def _results(
       "predicted_speedup": analysis.walltime_improvement(alpha, gamma, costs.c),
       "optimal_gamma": analysis.optimal_gamma(alpha, costs.c),
       "mismatches": totals["mismatches"] if config.greedy else None,
+      "nonfinite_rows": totals["nonfinite_rows"],
+      # vLLM's definitions: per target call (a block of drafts), the share
+      # of calls whose i-th draft was accepted, and 1 + accepted drafts.
+      "acceptance_rate_by_position": [
+          int(n) / calls for n in totals["accepted_by_position"]
+      ],
+      "mean_accepted_length": 1 + totals["accepted"] / calls,
       "baseline_tokens": totals["baseline_tokens"],
       "speculative_tokens": totals["speculative_tokens"],
       "target_calls": totals["target_calls"],
+      "drafted_tokens": totals["drafted"],
+      "accepted_tokens": totals["accepted"],
   }
-
-
-def _write(output_dir, rows, results):
-  directory = pathlib.Path(output_dir)
-  directory.mkdir(parents=True, exist_ok=True)
-  with open(directory / "outputs.jsonl", "w") as f:
-    for row in rows:
-      f.write(json.dumps(row, ensure_ascii=False) + "\n")
-  (directory / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-  (directory / "config.gin").write_text(gin.operative_config_str())

@@ -3,8 +3,9 @@
 Tasks, registered with seqio at import:
 
 * `multi30k_en_de`: Multi30k (Elliott et al., 2016) English->German image
-  captions. `train` and `validation` are read from `multi30k_dir()` (gin
-  configurable); `test` (test_2016_flickr) ships with the package.
+  captions, all three splits shipped with the package (1.3 MB gzipped);
+  `train` and `validation` are read from `multi30k_dir()`, which a gin
+  binding can point elsewhere.
 * `wmt21_en_de`: the WMT21 English->German news test set, `test` only, shipped
   with the package.
 * `wmt_t2t_en_de` and `cnn_dailymail`: the paper's tasks (Leviathan et al.,
@@ -71,9 +72,8 @@ WMT21 = "wmt21_en_de"
 WMT_T2T = "wmt_t2t_en_de"
 CNN_DAILYMAIL = "cnn_dailymail"
 
-# Where a development checkout keeps the full Multi30k: ../shared/data next to
-# the repository (see its PROVENANCE.md).
-_SHARED_MULTI30K = DEMO_DIR.parents[2] / "shared" / "data" / "multi30k"
+# Multi30k's raw files, shipped (see demo/PROVENANCE.md).
+_MULTI30K = DEMO_DIR / "multi30k"
 # Split name -> file stem of Multi30k's raw files.
 _MULTI30K_STEMS = {
     "train": "train",
@@ -162,8 +162,8 @@ def multi30k_dir(directory=None):
   """The directory of Multi30k's {train,val}.{en,de}.gz.
 
   Args:
-    directory: the directory; None means ../shared/data/multi30k next to the
-      repository.
+    directory: the directory; None means the copy shipped in
+      spec_decode/demo/multi30k.
 
   Returns:
     A pathlib.Path.
@@ -171,7 +171,7 @@ def multi30k_dir(directory=None):
   Raises:
     FileNotFoundError: if the directory does not exist.
   """
-  path = pathlib.Path(directory) if directory else _SHARED_MULTI30K
+  path = pathlib.Path(directory) if directory else _MULTI30K
   if not path.is_dir():
     raise FileNotFoundError(
         f"No Multi30k directory at {path}. Download data/task1/raw/ of "
@@ -196,7 +196,7 @@ def parallel_text(task_name, split, directory=None):
     files = _WMT21_FILES
   elif task_name == MULTI30K and split in _MULTI30K_STEMS:
     if split == "test":
-      directory = DEMO_DIR / "multi30k"
+      directory = _MULTI30K
     else:
       directory = pathlib.Path(directory) if directory else multi30k_dir()
     stem = _MULTI30K_STEMS[split]

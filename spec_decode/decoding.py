@@ -45,11 +45,15 @@ class DecodeResult:
       with 0 after each row's length.
     lengths: int32 [B] tokens emitted per row.
     target_calls: int32 [B] target calls spent on each row (equal to lengths).
+    nonfinite: bool [B] whether the target's logits for the row were ever
+      NaN or infinite while it was live (its tokens are then garbage, though
+      inside the vocabulary); None in results built by hand.
   """
 
   sequences: jax.Array
   lengths: jax.Array
   target_calls: jax.Array
+  nonfinite: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -63,6 +67,7 @@ class DecodeLoopState:
     done: bool [B] whether the row has emitted EOS or reached max_decode_len.
     lengths: int32 [B] tokens emitted per row.
     cache: the target's cache (a pytree with `lengths: int32 [B]`).
+    nonfinite: bool [B] see `DecodeResult`.
   """
 
   cur_index: jax.Array
@@ -71,6 +76,7 @@ class DecodeLoopState:
   done: jax.Array
   lengths: jax.Array
   cache: Any
+  nonfinite: jax.Array
 
 
 def check_decode_args(max_decode_len: int, eos_id: int) -> None:
@@ -174,6 +180,8 @@ def _autoregressive_decode(
         done=done,
         lengths=lengths,
         cache=cache,
+        nonfinite=state.nonfinite
+        | (~state.done & sampling.nonfinite_rows(logits[:, 0])),
     )
 
   state = jax.lax.while_loop(
@@ -186,12 +194,14 @@ def _autoregressive_decode(
           done=jnp.zeros((batch_size,), bool),
           lengths=jnp.zeros((batch_size,), jnp.int32),
           cache=cache,
+          nonfinite=jnp.zeros((batch_size,), bool),
       ),
   )
   result = DecodeResult(
       sequences=mask_after_lengths(state.sequences, state.lengths),
       lengths=state.lengths,
       target_calls=state.lengths,
+      nonfinite=state.nonfinite,
   )
   return (result, state.cache) if return_cache else result
 

@@ -69,11 +69,48 @@ def _drop_gin_path_probes(record):
 logging.getLogger().addFilter(_drop_gin_path_probes)
 
 
+class GinSyntaxError(ValueError):
+  """A gin file or binding that does not parse; two lines, with a caret."""
+
+  # report.one_line shows every line of the message.
+  multiline = True
+
+
+def _syntax_error(error):
+  """A SyntaxError of gin's parser as where it is, the line and a caret."""
+  where = f"{error.filename}, line {error.lineno}: {error.msg.rstrip('.')}: "
+  text = (error.text or "").rstrip("\n")
+  caret = " " * (len("error: ") + len(where) + max((error.offset or 1) - 1, 0))
+  return GinSyntaxError(f"{where}{text}\n{caret}^")
+
+
+def _check_files_exist(files):
+  for file in files:
+    if not (
+        os.path.isfile(file)
+        or os.path.isfile(CONFIG_DIR / file)
+        or _is_scoped_file(file)
+    ):
+      raise ValueError(
+          f"gin file {file} not found (looked in the working directory and "
+          f"in {CONFIG_DIR})"
+      )
+
+
 def parse(files=(), bindings=()):
-  """Clears gin, then parses `files` (paths, or relative to configs/)."""
+  """Clears gin, then parses `files` (paths, or relative to configs/).
+
+  Raises:
+    ValueError: if a file does not exist.
+    GinSyntaxError: if a file or binding does not parse.
+  """
   gin.clear_config()
   gin.add_config_file_search_path(str(CONFIG_DIR))
-  gin.parse_config_files_and_bindings(list(files), list(bindings))
+  _check_files_exist(files)
+  try:
+    gin.parse_config_files_and_bindings(list(files), list(bindings))
+  except SyntaxError as e:
+    raise _syntax_error(e) from None
 
 
 def model_config_files():

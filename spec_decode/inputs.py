@@ -14,6 +14,7 @@ cut (and counted) when `truncate` is set.
 import dataclasses
 import pathlib
 
+from absl import logging
 import gin
 import numpy as np
 
@@ -55,11 +56,10 @@ def read_inputs(
         f"and read_inputs.prompt (got {chosen or 'none'})"
     )
   if path is not None:
-    file = pathlib.Path(path)
-    if not file.is_file():
-      raise ValueError(f"read_inputs.path: no such file: {path}")
     texts = [
-        prefix + line for line in file.read_text().splitlines() if line.strip()
+        prefix + line
+        for line in read_text(path, "read_inputs.path").splitlines()
+        if line.strip()
     ]
     where = f"input file {path}"
   elif prompt is not None:
@@ -74,10 +74,57 @@ def read_inputs(
   return texts
 
 
+def read_text(path, what):
+  """A UTF-8 text file's contents, or a one-line error naming it.
+
+  Args:
+    path: the file.
+    what: what the file is, for the message (e.g. 'run.ngram_corpus').
+
+  Returns:
+    The text.
+
+  Raises:
+    ValueError: if there is no such file, or it is not UTF-8.
+  """
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise ValueError(f"{what}: no such file: {path}")
+  try:
+    return file.read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(
+        f"{what}: {path} is not UTF-8 text (byte {e.start}: "
+        f"{e.object[e.start:e.start + 1]!r}); convert it, e.g. with iconv"
+    ) from None
+
+
+def _quietly(function):
+  """Calls function() with absl's warnings off (TFDS warns of its probes)."""
+  verbosity = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    return function()
+  finally:
+    logging.set_verbosity(verbosity)
+
+
 def _task_inputs(task_name, split, num_examples):
   import seqio  # pylint: disable=g-import-not-at-top  (imports TensorFlow)
 
   task = seqio.get_mixture_or_task(task_name)
+  if isinstance(task.source, seqio.TfdsDataSource):
+    # Else TFDS starts downloading and preparing it, which fails offline
+    # after minutes of retries.
+    builder = task.source.tfds_dataset.builder
+    if not _quietly(builder.is_prepared):
+      name = task.source.tfds_dataset.name
+      raise ValueError(
+          f"seqio task {task_name} reads the TFDS dataset {name}, which is "
+          f"not prepared in {builder.data_dir}: prepare it with `tfds build "
+          f"{name.split(':')[0]}` (needs the network; TFDS_DATA_DIR may point "
+          "at a copy), or give the inputs as a file with read_inputs.path"
+      )
   dataset = task.get_dataset(
       sequence_length=None, split=split, shuffle=False, num_epochs=1
   )

@@ -59,6 +59,11 @@ def warmup_cosine(
   Returns:
     A schedule.
   """
+  if not total_steps > warmup_steps:
+    raise ValueError(
+        f"warmup_cosine.total_steps ({total_steps}, the run's number of "
+        f"steps) must exceed warmup_cosine.warmup_steps ({warmup_steps})"
+    )
   return optax.warmup_cosine_decay_schedule(
       0.0, peak, warmup_steps, total_steps, end_value=peak * end_fraction
   )

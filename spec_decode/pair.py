@@ -158,7 +158,8 @@ def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):
         path, shapes, dtype=config.activation_dtype, shardings=shardings
     )
   except checkpoints.CheckpointError as e:
-    raise ValueError(f"{scope} checkpoint: {e}") from e
+    # The same class, so that a list of mismatches is still shown whole.
+    raise type(e)(f"{scope} checkpoint: {e}") from e
   except ValueError as e:
     raise ValueError(f"{scope} parameter {e}") from e
   if mesh is None:

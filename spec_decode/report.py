@@ -8,6 +8,7 @@ _ROWS = (
     ("alpha estimate (mean sum min(p, q))", "alpha_estimate", "{:.3f}"),
     ("tokens per target call", "tokens_per_target_call", "{:.2f}"),
     ("  Eq. 1 at this alpha", "expected_tokens_per_target_call", "{:.2f}"),
+    ("mean accepted length (vLLM's)", "mean_accepted_length", "{:.2f}"),
     ("baseline ms / token", "baseline_ms_per_token", "{:.2f}"),
     ("speculative ms / token", "speculative_ms_per_token", "{:.2f}"),
     ("speedup (measured)", "speedup", "{:.2f}x"),
@@ -21,6 +22,7 @@ _ROWS = (
     ("optimal gamma (Theorem 3.8)", "optimal_gamma", "{:d}"),
     ("greedy rows differing from baseline", "mismatches", "{:d}"),
     ("inputs truncated", "num_truncated", "{:d}"),
+    ("rows with non-finite logits", "nonfinite_rows", "{:d}"),
 )
 
 
@@ -34,11 +36,55 @@ def format_results(results):
   for label, key, fmt in _ROWS:
     if values.get(key) is not None:
       lines.append(f"{label:<45} {fmt.format(values[key])}")
+    if (
+        key == "mean_accepted_length"
+        and "acceptance_rate_by_position" in values
+    ):
+      rates = " ".join(
+          f"{r:.2f}" for r in values["acceptance_rate_by_position"]
+      )
+      lines.append(f"{'  accepted at draft position 1..gamma':<45} {rates}")
   return "\n".join(lines)
 
 
+# The lines gin appends to an exception raised under it.
+_GIN_CONTEXT = ("In call to configurable", "In bindings", "In file")
+
+
+def _multiline(error):
+  """Whether every line of the message counts (a list, a caret).
+
+  Looks down the chain of causes: callers re-raise with a prefix (`pair`
+  names the model), and gin re-raises with its context.
+  """
+  while error is not None:
+    if getattr(error, "multiline", False):
+      return True
+    error = error.__cause__
+  return False
+
+
+def joined(error):
+  """An exception's whole message joined into one line, without gin's context
+  (for messages that wrap one sentence over lines, as TensorFlow's do)."""
+  return " ".join(
+      line.strip()
+      for line in str(error).splitlines()
+      if line.strip() and not line.strip().startswith(_GIN_CONTEXT)
+  )
+
+
 def one_line(error):
-  """An exception's message on one line (gin adds the binding's location)."""
+  """An exception's message on one line (gin adds the binding's location).
+
+  An error marked `multiline` (a checkpoint's list of mismatches, a syntax
+  error's caret) keeps all its lines, without gin's context.
+  """
+  if _multiline(error):
+    lines = str(error).rstrip().splitlines()
+    return "\n".join(
+        line for line in lines if not line.strip().startswith(_GIN_CONTEXT)
+    )
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   if not lines:
     return type(error).__name__

@@ -9,7 +9,6 @@ The logic lives in spec_decode.compare; this app parses flags and gin, and
 turns bad input into a one-line error.
 """
 
-from absl import app
 import jax
 
 from spec_decode import cli
@@ -26,4 +25,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

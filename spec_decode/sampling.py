@@ -99,12 +99,20 @@ def greedy_tokens(logits: jax.Array) -> jax.Array:
     logits: float [..., V].
 
   Returns:
-    int32 [...] token ids.
+    int32 [...] token ids, always in [0, V): a row with a NaN logit (whose
+    max is NaN, equal to nothing) gives V - 1. The loops count such rows.
   """
   vocab_size = logits.shape[-1]
   best = jnp.max(logits, axis=-1, keepdims=True)  # [..., 1]
   ids = jnp.arange(vocab_size, dtype=jnp.int32)
-  return jnp.min(jnp.where(logits == best, ids, vocab_size), axis=-1)
+  first = jnp.min(jnp.where(logits == best, ids, vocab_size), axis=-1)
+  return jnp.minimum(first, vocab_size - 1)
+
+
+def nonfinite_rows(logits: jax.Array) -> jax.Array:
+  """bool [...]: whether a row of a model's float [..., V] logits holds NaN or
+  +-inf (which a model never outputs unless its weights or numerics broke)."""
+  return ~jnp.all(jnp.isfinite(logits), axis=-1)
 
 
 def choose(
@@ -137,10 +145,35 @@ _BLOCK = 64
 def _inverse_cdf(rng: jax.Array, weights: jax.Array) -> jax.Array:
   """Draws index i with probability weights[..., i] / sum(weights[...])."""
   cdf = jnp.cumsum(weights, axis=-1)  # [..., N]
-  # In (0, total]: a weight-0 index i has cdf[i] == cdf[i - 1] (or 0), so
-  # cdf[i - 1] < u <= cdf[i] never picks it.
+  # In (0, total].
   u = (1.0 - jax.random.uniform(rng, weights.shape[:-1] + (1,))) * cdf[..., -1:]
-  return jnp.sum(cdf < u, axis=-1, dtype=jnp.int32)
+  return pick(weights, cdf, u)
+
+
+def pick(weights: jax.Array, cdf: jax.Array, u: jax.Array) -> jax.Array:
+  """The first index of positive weight whose cdf reaches u.
+
+  `jnp.cumsum` lowers to a tree of partial sums, so at the ulp level the
+  computed cdf is not monotone, and a weight-0 index can have cdf[i] !=
+  cdf[i - 1]: the textbook count of cdf < u would then draw it now and then
+  (about 1e-7 per draw). Only indices of positive weight are candidates here;
+  when rounding leaves u above every candidate's cdf, the last one is taken.
+
+  Args:
+    weights: float32 [..., N] non-negative weights.
+    cdf: float32 [..., N] their cumulative sums.
+    u: float32 [..., 1] in (0, cdf[..., -1]].
+
+  Returns:
+    int32 [...] an index of positive weight; 0 for a row with none (NaN
+    weights), so that it always lies in [0, N).
+  """
+  size = weights.shape[-1]
+  ids = jnp.arange(size, dtype=jnp.int32)
+  positive = weights > 0
+  first = jnp.min(jnp.where(positive & (cdf >= u), ids, size), axis=-1)
+  last = jnp.max(jnp.where(positive, ids, 0), axis=-1)
+  return jnp.minimum(first, last)
 
 
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
@@ -154,10 +187,12 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   Args:
     rng: A PRNG key.
     probs: float [..., V] non-negative weights with a positive sum per row.
-      They need not be normalized, and tokens of weight 0 are never drawn.
+      They need not be normalized, and tokens of weight 0 are never drawn (at
+      either level: see `pick`).
 
   Returns:
-    int32 [...] token ids, independent across rows.
+    int32 [...] token ids, independent across rows, always in [0, V) (0 for
+    a row of NaN weights).
   """
   probs = probs.astype(jnp.float32)
   batch_shape, vocab_size = probs.shape[:-1], probs.shape[-1]

@@ -74,6 +74,10 @@ class SpeculativeResult:
       keep mass on the rejected draft.)
     draft_calls: int32 [B] draft calls spent on the row while it was live
       (gamma per target call, fewer when the draft stops early).
+    nonfinite: bool [B] whether the target's logits for the row were ever
+      NaN or infinite while it was live (see `decoding.DecodeResult`); None
+      in results built by hand. The draft's are not counted: a NaN draft
+      distribution is only ever rejected.
   """
 
   sequences: jax.Array
@@ -85,6 +89,7 @@ class SpeculativeResult:
   token_sources: jax.Array
   rejected_tokens: jax.Array
   draft_calls: jax.Array
+  nonfinite: jax.Array | None = None
 
   def acceptance_rate(self) -> jax.Array:
     """Empirical alpha: accepted / judged drafted tokens, over all rows."""
@@ -126,6 +131,7 @@ class SpeculativeLoopState:
     accepted_tokens: int32 [B] see `SpeculativeResult`.
     beta_sum: float32 [B] see `SpeculativeResult`.
     draft_calls: int32 [B] see `SpeculativeResult`.
+    nonfinite: bool [B] see `SpeculativeResult`.
   """
 
   cur_index: jax.Array
@@ -394,6 +400,8 @@ def _speculative_decode(
         accepted_tokens=state.accepted_tokens + num_kept,
         beta_sum=state.beta_sum + jnp.sum(jnp.where(judged, beta, 0.0), axis=1),
         draft_calls=state.draft_calls + live * draft_steps,
+        nonfinite=state.nonfinite
+        | (~state.done & jnp.any(sampling.nonfinite_rows(target_logits), 1)),
     )
 
   zeros = jnp.zeros((batch_size,), jnp.int32)
@@ -415,6 +423,7 @@ def _speculative_decode(
           accepted_tokens=zeros,
           beta_sum=jnp.zeros((batch_size,), jnp.float32),
           draft_calls=zeros,
+          nonfinite=jnp.zeros((batch_size,), bool),
       ),
   )
   emitted = slice(1, max_decode_len + 1)
@@ -432,6 +441,7 @@ def _speculative_decode(
       accepted_tokens=state.accepted_tokens,
       beta_sum=state.beta_sum,
       draft_calls=state.draft_calls,
+      nonfinite=state.nonfinite,
   )
   if return_caches:
     return result, state.target_cache, state.draft_cache

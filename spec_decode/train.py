@@ -5,27 +5,26 @@ r"""Trains a T5 on a seqio task; the logic is in `training.py`.
 
 Checkpoints, metrics (`metrics.jsonl`) and the operative config go to the
 gin file's MODEL_DIR; running the same command again resumes from the latest
-checkpoint.
+checkpoint. Bad input ends it with a one-line `error: ...` and exit status 1.
 """
 
-from absl import app
-from absl import flags
-from absl import logging
-
 from spec_decode import cli
-from spec_decode import gin_config
-from spec_decode import training
 from spec_decode.models.config import T5Config
 
 
 def main(argv):
-  del argv
-  if not flags.FLAGS["verbosity"].present:
-    # Orbax logs a dozen INFO lines per checkpoint, through the progress bar.
-    logging.set_verbosity(logging.WARNING)
-  gin_config.parse(cli.GIN_FILES.value, cli.GIN_BINDINGS.value)
-  training.train(T5Config())
+  # Imported once absl has started (as cli.start does with data): TensorFlow
+  # logs CUDA probe errors when imported before. Before parsing: it registers
+  # `train` with gin.
+  # pylint: disable=g-import-not-at-top,unused-import
+  from spec_decode import vocabulary  # Imports TensorFlow quietly.
+  from spec_decode import training
+  # pylint: enable=g-import-not-at-top,unused-import
+
+  with cli.one_line_errors():
+    cli.start(argv)
+    training.train(T5Config())
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -12,8 +12,11 @@ shipping.
 
 import os
 
+from flax import traverse_util
 import jax
 import orbax.checkpoint as ocp
+
+from spec_decode.checkpoints import checksums
 
 # The item of each step directory, T5X's name for it.
 ITEM = "state"
@@ -114,8 +117,15 @@ def export_params(params, directory, dtype=None):
     directory: a new directory (it must not exist).
     dtype: cast every parameter to this dtype (e.g. jnp.bfloat16, half the
       size); None keeps each one's dtype.
+
+  Beside Orbax's files it writes `checksums.json`, which
+  `checkpoints.load_params` verifies.
   """
   if dtype is not None:
     params = jax.tree.map(lambda x: x.astype(dtype), params)
   with ocp.StandardCheckpointer() as checkpointer:
     checkpointer.save(os.path.abspath(directory), {"target": params})
+  checksums.write(
+      directory,
+      jax.device_get(traverse_util.flatten_dict(params, sep="/")),
+  )

@@ -13,7 +13,6 @@ configs/train/multi30k_draft_distill.gin distills a draft from.
 
 import pathlib
 
-from absl import app
 from absl import flags
 import gin
 import jax
@@ -114,4 +113,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

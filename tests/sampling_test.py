@@ -159,6 +159,79 @@ class SampleTest(absltest.TestCase):
     _, p_value = scipy.stats.chisquare(counts[support], expected)
     self.assertGreater(p_value, 1e-3)
 
+  def test_pick_never_takes_a_zero_weight_step_of_the_cdf(self):
+    # jnp.cumsum rounds as a tree, so a weight-0 index can own a step of the
+    # computed cdf (of either sign). u at the top of every such step must
+    # still land on a positive weight; the textbook count of cdf < u takes
+    # the zero. Half the weights are 0, as top-k, top-p and residuals make.
+    rows, size = 2_000, 503
+    key_w, key_z = jax.random.split(jax.random.key(11))
+    weights = jax.random.uniform(key_w, (rows, size))
+    weights = jnp.where(
+        jax.random.bernoulli(key_z, 0.5, (rows, size)), weights, 0.0
+    )
+    cdf = jnp.cumsum(weights, axis=-1)
+    previous = jnp.pad(cdf[:, :-1], ((0, 0), (1, 0)))
+    row, col = np.nonzero(np.asarray((weights == 0) & (cdf != previous)))
+    self.assertGreater(len(row), 100)  # The defect is there to catch.
+    picked = sampling.pick(weights[row], cdf[row], cdf[row, col][:, None])
+    self.assertTrue(np.all(np.asarray(weights[row, picked]) > 0))
+
+  def test_pick_with_trailing_zeros_and_u_at_the_total(self):
+    weights = jnp.array([[0.0, 1.0, 2.0, 0.0, 0.0]])
+    cdf = jnp.array([[0.0, 1.0, 3.0, 3.0000002, 3.0000005]])  # Rounding.
+    for u, expected in ((1e-9, 1), (1.0, 1), (1.5, 2), (3.0000005, 2)):
+      self.assertEqual(
+          int(sampling.pick(weights, cdf, jnp.array([[u]]))[0]), expected
+      )
+
+  def test_no_zero_weight_token_at_t5_vocabulary_size(self):
+    # V = 32128 (T5's), half the weights 0 at random places: across 256 rows
+    # and 64 draws each, no zero-weight token; and one row's 200,000 draws
+    # fit its weights (chi-square over 100 bins of equal mass, 99 degrees of
+    # freedom, p > 1e-3; a 5% error in one bin's mass gives a statistic
+    # about 50 above the mean, far past the 1e-3 tail at 99 + 54).
+    vocab_size = 32_128
+    key_w, key_z, key_draw, key_one = jax.random.split(jax.random.key(12), 4)
+    weights = jax.random.exponential(key_w, (256, vocab_size))
+    weights = jnp.where(
+        jax.random.bernoulli(key_z, 0.5, weights.shape), weights, 0.0
+    )
+    tokens = jax.vmap(lambda k: sampling.sample(k, weights))(
+        jax.random.split(key_draw, 64)
+    )  # [64, 256]
+    drawn = np.asarray(
+        jnp.take_along_axis(weights[None], tokens[..., None], -1)
+    )
+    self.assertTrue(np.all(drawn > 0))
+
+    row = np.asarray(weights[0], np.float64)
+    num_draws = 200_000
+    tokens = jax.vmap(lambda k: sampling.sample(k, weights[0]))(
+        jax.random.split(key_one, num_draws)
+    )
+    counts = np.bincount(np.asarray(tokens), minlength=vocab_size)
+    self.assertEqual(int(counts[row == 0].sum()), 0)
+    mass = np.cumsum(row) / row.sum()
+    bins = np.minimum((mass * 100).astype(int), 99)  # [V] bin of each token.
+    observed = np.bincount(bins, weights=counts, minlength=100)
+    expected = num_draws * np.bincount(bins, weights=row, minlength=100)
+    _, p_value = scipy.stats.chisquare(observed, expected / row.sum())
+    self.assertGreater(p_value, 1e-3)
+
+  def test_nan_rows_draw_inside_the_vocabulary(self):
+    logits = jnp.array([[jnp.nan] * 5, [0.0, jnp.nan, 1.0, 0.0, 0.0]])
+    self.assertEqual(sampling.greedy_tokens(logits).tolist(), [4, 4])
+    probs = sampling.logits_to_probs(logits, sampling.SamplingConfig())
+    tokens = sampling.sample(jax.random.key(0), probs)
+    self.assertTrue(np.all((0 <= tokens) & (tokens < 5)))
+    np.testing.assert_array_equal(
+        sampling.nonfinite_rows(
+            jnp.array([[0.0, 1.0], [jnp.inf, 0.0], [-jnp.inf, 0.0]])
+        ),
+        [False, True, True],
+    )
+
   def test_3d_input(self):
     probs = jax.nn.one_hot(jnp.array([[1, 2], [0, 3]]), 4)
     np.testing.assert_array_equal(

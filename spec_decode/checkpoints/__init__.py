@@ -37,12 +37,15 @@ exists.
 from collections.abc import Mapping
 import enum
 import os
+import socket
 from typing import Any
 
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from spec_decode.checkpoints import checksums
 from spec_decode.checkpoints import hf
 from spec_decode.checkpoints import orbax_pytree
 from spec_decode.checkpoints import storage
@@ -181,17 +184,24 @@ def load_params(
     CheckpointMismatchError: if the checkpoint's parameters differ from
       `expected`; the message lists every missing, unexpected and mis-shaped
       parameter and names a vocabulary-size mismatch.
+    CheckpointError: if a parameter differs from its checksum (Orbax
+      checkpoints with a `checksums.json`, as exports write) or holds NaN or
+      infinite values, naming it.
   """
   path = storage.expand(path)
   wanted = traverse_util.flatten_dict(expected, sep="/")
+  if storage.is_gcs(path):
+    _check_gcs_reachable(path)
   found_format = detect_format(path)
   if found_format is Format.MESH_TENSORFLOW:
     raise _mesh_tensorflow_error(path)
   notes = []
+  sums = None
   if found_format is Format.T5X:
     leaves = t5x.list_arrays(path, dtype=dtype)
   elif found_format is Format.ORBAX:
     leaves = orbax_pytree.list_arrays(path)
+    sums = checksums.read(orbax_pytree.pytree_directory(path))
   else:
     leaves, notes = hf.list_params(
         path, logits_via_embedding=_LOGITS not in wanted, dtype=dtype
@@ -207,11 +217,14 @@ def load_params(
   params = {}
   for name in wanted:
     leaf_dtype = dtype if dtype is not None else wanted[name].dtype
-    leaf = leaves.pop(name)
-    if shardings is None:
-      params[name] = leaf.read(leaf_dtype)
-    else:
-      params[name] = _place(leaf, leaf_dtype, shardings[name])
+    params[name] = _read_checked(
+        name,
+        leaves.pop(name),
+        leaf_dtype,
+        None if shardings is None else shardings[name],
+        sums,
+        path,
+    )
   return traverse_util.unflatten_dict(params, sep="/")
 
 
@@ -235,14 +248,85 @@ def stored_dtype(path: str) -> str:
   return hf.stored_dtype(path)
 
 
-def _place(leaf, dtype, sharding):
+# The host every gs:// read goes to.
+_GCS_HOST = "storage.googleapis.com"
+
+
+def _check_gcs_reachable(path):
+  """Fails at once when GCS is unreachable (offline, tensorstore retries for
+  minutes)."""
+  try:
+    socket.getaddrinfo(_GCS_HOST, 443)
+  except OSError as e:
+    raise CheckpointError(
+        f"cannot read {path}: {_GCS_HOST} does not resolve ({e.strerror}); "
+        "with no network, copy the checkpoint to a local directory and bind "
+        "its path"
+    ) from None
+
+
+def _read_checked(name, leaf, dtype, sharding, sums, source):
+  """Reads one parameter, checked: finite, and its checksum if recorded.
+
+  Args:
+    name: the '/'-joined parameter name.
+    leaf: its stored array (any format's leaf, with `shape` and `read`).
+    dtype: the dtype to load it in.
+    sharding: where to place it, shard by shard; None for a numpy array.
+    sums: the checkpoint's `checksums.FILE` records, or None.
+    source: the checkpoint's path, for messages.
+
+  Returns:
+    The parameter (numpy, or a sharded jax.Array).
+
+  Raises:
+    CheckpointError: naming the parameter, on a NaN or infinite value or a
+      checksum that differs.
+  """
+
+  def read(index=()):
+    value = leaf.read(dtype, index)
+    checksums.check_finite(name, value, source)
+    return value
+
+  value = read() if sharding is None else _place(leaf.shape, read, sharding)
+  if sums is not None:
+    if name not in sums:
+      raise CheckpointError(
+          f"{source}: parameter {name} has no record in {checksums.FILE}"
+      )
+    _verify(name, leaf, value, sums[name], source)
+  return value
+
+
+def _verify(name, leaf, value, record, source):
+  """Checks a loaded parameter against its checksum record.
+
+  The loaded value, cast back to the stored dtype, is hashed when that cast
+  is exact (the load kept or widened the dtype: bfloat16 exports loaded in
+  float32), so nothing is read twice; else the stored array is read whole.
+  On several hosts, where no host holds the whole parameter, only the
+  value checks apply.
+  """
+  if isinstance(value, jax.Array) and not value.is_fully_addressable:
+    return
+  stored = jnp.dtype(record["dtype"])
+  host = np.asarray(value)
+  if jnp.promote_types(stored, host.dtype) == host.dtype:
+    as_stored = host.astype(stored)
+  else:
+    as_stored = leaf.read(None)
+  checksums.verify(name, as_stored, record, source)
+
+
+def _place(shape, read, sharding):
   """Reads one parameter shard by shard onto its devices (each slice once)."""
-  read = {}
+  slices = {}
 
   def shard(index):
     key = tuple((s.start, s.stop, s.step) for s in index)
-    if key not in read:
-      read[key] = leaf.read(dtype, index)
-    return read[key]
+    if key not in slices:
+      slices[key] = read(index)
+    return slices[key]
 
-  return jax.make_array_from_callback(leaf.shape, sharding, shard)
+  return jax.make_array_from_callback(shape, sharding, shard)

@@ -25,6 +25,9 @@ class CheckpointFormatError(CheckpointError):
 class CheckpointMismatchError(CheckpointError):
   """The checkpoint's parameters are not the ones the model expects."""
 
+  # report.one_line shows every line: the list of mismatches.
+  multiline = True
+
 
 # The parameter whose leading axis is the vocabulary in every T5.
 EMBEDDING = "token_embedder/embedding"

@@ -31,9 +31,13 @@ class T5Config:
     max_distance: the distance from which all positions share one bucket.
     dropout_rate: dropout in training; decoding never uses it.
     dtype: activation and parameter dtype name ('float32' or 'bfloat16');
-      logits, norms and attention softmax stay in float32. 'auto' takes the
+      norms and attention softmax stay in float32. 'auto' takes the
       checkpoint's stored dtype (`pair.model_config` resolves it: bfloat16
       for a Hugging Face checkpoint stored in bfloat16, else float32).
+    logits_dtype: the dtype of the logits projection (T5 1.1's
+      `logits_dense`: its inputs, kernel and accumulation); 'float32' by
+      default whatever `dtype` is. 'bfloat16' exists to measure what float32
+      logits buy (see the README's known limits).
   """
 
   vocab_size: int = gin.REQUIRED
@@ -49,6 +53,7 @@ class T5Config:
   max_distance: int = 128
   dropout_rate: float = 0.0
   dtype: str = "float32"
+  logits_dtype: str = "float32"
 
   def __post_init__(self):
     for name in (
@@ -73,11 +78,15 @@ class T5Config:
           f"T5Config.mlp_activations: unknown {sorted(unknown)}; "
           f"known: {sorted(known)}"
       )
-    if self.dtype not in ("float32", "bfloat16", "auto"):
-      raise ValueError(
-          f"T5Config.dtype must be 'float32', 'bfloat16' or 'auto', got "
-          f"{self.dtype!r}"
-      )
+    for name, allowed in (
+        ("dtype", ("float32", "bfloat16", "auto")),
+        ("logits_dtype", ("float32", "bfloat16")),
+    ):
+      if getattr(self, name) not in allowed:
+        raise ValueError(
+            f"T5Config.{name} must be one of {allowed}, got "
+            f"{getattr(self, name)!r}"
+        )
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
 
   @property

@@ -222,9 +222,9 @@ class Decoder(nn.Module):
     self.decoder_norm = layers.RmsNorm(cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
-      # Logits in float32 for stable softmax and sampling.
+      # Logits in float32 (by default) for stable softmax and sampling.
       self.logits_dense = layers.Dense(
-          cfg.vocab_size, ("embed", "vocab"), jnp.float32
+          cfg.vocab_size, ("embed", "vocab"), jnp.dtype(cfg.logits_dtype)
       )
 
   def cross_key_values(self, encoded):

@@ -1,0 +1,90 @@
+"""What a run writes to its output_dir, so that no work is lost.
+
+  results.json   the report (`compare.run`'s dict), written atomically
+  outputs.jsonl  one line per input: both decoders' outputs, written as the
+                 run goes, a batch at a time
+  config.gin     the operative config, written atomically
+
+The directory is checked for writing before any decoding, so that an
+unwritable one costs nothing.
+"""
+
+import json
+import os
+import pathlib
+import tempfile
+
+RESULTS_FILE = "results.json"
+OUTPUTS_FILE = "outputs.jsonl"
+CONFIG_FILE = "config.gin"
+
+
+class Writer:
+  """Writes a run's files to its output_dir, losing no work.
+
+  Created before any decoding, it checks that the directory is writable.
+  outputs.jsonl is opened at the first batch (an earlier run's results.json
+  is removed then, so that no stale one sits next to new outputs) and gets
+  each batch's rows, flushed: an interrupted run keeps what it decoded.
+  results.json and config.gin are written whole, atomically, at the end.
+  """
+
+  def __init__(self, output_dir):
+    self.directory = pathlib.Path(output_dir)
+    try:
+      self.directory.mkdir(parents=True, exist_ok=True)
+      with tempfile.TemporaryFile(dir=self.directory):
+        pass
+    except OSError as e:
+      raise ValueError(
+          f"run.output_dir {output_dir} is not writable: " f"{e.strerror or e}"
+      ) from None
+    self.replaced = any(
+        (self.directory / name).exists()
+        for name in (RESULTS_FILE, OUTPUTS_FILE, CONFIG_FILE)
+    )
+    self._outputs = None
+
+  def add_rows(self, rows):
+    """Appends rows to outputs.jsonl and flushes them to the OS."""
+    if self._outputs is None:
+      (self.directory / RESULTS_FILE).unlink(missing_ok=True)
+      # pylint: disable-next=consider-using-with  (closed by finish)
+      self._outputs = open(self.directory / OUTPUTS_FILE, "w", encoding="utf-8")
+    for row in rows:
+      self._outputs.write(json.dumps(row, ensure_ascii=False) + "\n")
+    self._outputs.flush()
+
+  def close(self):
+    """Closes outputs.jsonl (when a run stops early)."""
+    if self._outputs is not None:
+      self._outputs.close()
+
+  def finish(self, results, config_str):
+    """Closes outputs.jsonl; writes results.json and config.gin atomically."""
+    self.close()
+    write_atomically(
+        self.directory / RESULTS_FILE, json.dumps(results, indent=2) + "\n"
+    )
+    write_atomically(self.directory / CONFIG_FILE, config_str)
+
+  def summary(self):
+    """Where the results went, and whether earlier ones were replaced."""
+    replaced = " (earlier results there replaced)" if self.replaced else ""
+    return (
+        f"results in {self.directory}/: {RESULTS_FILE}, {OUTPUTS_FILE}, "
+        f"{CONFIG_FILE}{replaced}"
+    )
+
+
+def write_atomically(path, text):
+  """Writes text to a temporary file beside `path`, then renames it."""
+  descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name)
+  try:
+    with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.chmod(temporary, 0o644)  # mkstemp's 0o600 would hide it from others.
+    os.replace(temporary, path)
+  except BaseException:
+    pathlib.Path(temporary).unlink(missing_ok=True)
+    raise

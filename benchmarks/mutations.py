@@ -84,7 +84,7 @@ MUTATIONS = (
     Mutation(
         "bonus_from_residual",
         "bonus token from norm(max(0, p_{gamma+1} - q_gamma)), not p_{gamma+1}",
-        "spec_decode/speculative.py",
+        "spec_decode/verify.py",
         r"(jnp\.pad\(\s*draft_probs,\s*\(\(0, 0\), \(0, 1\), \(0, 0\)\))",
         r'\1, mode="edge"',
         "tests/speculative_test.py",
@@ -93,7 +93,7 @@ MUTATIONS = (
     Mutation(
         "bonus_from_residual_target_as_draft",
         "the same bug, against lossless_test's target-as-draft cases alone",
-        "spec_decode/speculative.py",
+        "spec_decode/verify.py",
         r"(jnp\.pad\(\s*draft_probs,\s*\(\(0, 0\), \(0, 1\), \(0, 0\)\))",
         r'\1, mode="edge"',
         "tests/lossless_test.py",
@@ -112,7 +112,7 @@ MUTATIONS = (
     Mutation(
         "draft_catch_up_not_advanced",
         "draft cache left at len - 1 after the 2-token catch-up",
-        "spec_decode/speculative.py",
+        "spec_decode/draft_loop.py",
         r"draft_cache = draft_cache\.replace\(lengths=lengths \+ 1\)",
         "draft_cache = draft_cache.replace(lengths=start)",
         "tests/speculative_test.py",
@@ -136,11 +136,11 @@ MUTATIONS = (
         "tests/checkpoints_test.py",
         "HostMemory",
     ),
-    # Five more.
+    # More, of our choosing.
     Mutation(
         "residual_is_target",
         "after a rejection, the next token drawn from p, not max(0, p - q)",
-        "spec_decode/speculative.py",
+        "spec_decode/verify.py",
         r"residual = jnp\.maximum\(target_probs - draft_probs, 0\.0\)",
         "residual = target_probs + 0.0 * draft_probs",
         "tests/speculative_test.py",
@@ -149,7 +149,7 @@ MUTATIONS = (
     Mutation(
         "accepted_not_a_prefix",
         "every accepted draft counted, not the leading run",
-        "spec_decode/speculative.py",
+        "spec_decode/verify.py",
         r"jnp\.sum\(jnp\.cumprod\(accepted, axis=-1\), axis=-1\)",
         "jnp.sum(accepted, axis=-1)",
         "tests/speculative_test.py",
@@ -181,6 +181,15 @@ MUTATIONS = (
         "np.log((counts + 0.01) / (counts + 0.01).sum(axis=-1, keepdims=True))",
         "tests/drafts_test.py",
         "DraftsInspected",
+    ),
+    Mutation(
+        "block_stop_is_weight",
+        "block verification stops with probability w_i, not r_i / (r_i + 1 - w_i)",
+        "spec_decode/verify.py",
+        r"residual_mass / jnp\.where\(denominator > 0, denominator, 1\.0\)",
+        "weights + 0.0 * residual_mass",
+        "tests/verify_test.py",
+        "law_of_the_emitted_tokens",
     ),
 )
 

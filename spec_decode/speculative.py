@@ -147,6 +147,7 @@ class SpeculativeLoopState:
   accepted_tokens: jax.Array
   beta_sum: jax.Array
   draft_calls: jax.Array
+  nonfinite: jax.Array
 
 
 def speculative_decode(

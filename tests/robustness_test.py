@@ -207,10 +207,11 @@ class CheckpointIntegrityTest(absltest.TestCase):
 
   def test_random_bytes_over_a_data_file_fail(self):
     directory = self._export()
-    # Random bytes over the middle half of every data file: whatever
-    # tensorstore then decodes, or fails to, must not load.
+    # Random bytes over the middle half of every data file (the process's
+    # and the merged manifest's, which may hold small values inline):
+    # whatever tensorstore then decodes, or fails to, must not load.
     rng = np.random.default_rng(0)
-    for data in (directory / "ocdbt.process_0" / "d").iterdir():
+    for data in sorted(p for p in directory.rglob("d/*") if p.is_file()):
       size = data.stat().st_size
       with open(data, "r+b") as f:
         f.seek(size // 4)
@@ -331,23 +332,7 @@ class RunTest(parameterized.TestCase):
         _save_t5x(params, cls.tmp / "overflow_ckpt")
     (cls.tmp / "inputs.txt").write_text("\n".join(lines[:5]))
     cls.run_gin = cls.tmp / "run.gin"
-    cls.run_gin.write_text(f"""
-include 'target:{cls.tmp}/target.gin'
-include 'draft:{cls.tmp}/draft.gin'
-target/checkpoint_path.path = '{cls.tmp}/target_ckpt'
-draft/checkpoint_path.path = '{cls.tmp}/draft_ckpt'
-run.vocabulary = @seqio.SentencePieceVocabulary()
-seqio.SentencePieceVocabulary.sentencepiece_model_file = '{cls.tmp}/spm.model'
-seqio.SentencePieceVocabulary.extra_ids = 10
-run.gamma = {_GAMMA}
-run.batch_size = 2
-run.max_input_len = 32
-run.max_decode_len = 12
-run.timing_repeats = 1
-run.progress = False
-read_inputs.path = '{cls.tmp}/inputs.txt'
-make_mesh.num_devices = 1
-""")
+    cls.run_gin.write_text(run_test.run_gin_text(cls.tmp, num_devices=1))
 
   def tearDown(self):
     gin.clear_config()

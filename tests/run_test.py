@@ -75,6 +75,27 @@ def _save_t5x_checkpoint(params, directory):
     f.write(serialization.msgpack_serialize({"target": params, "state": {}}))
 
 
+def run_gin_text(tmp, num_devices):
+  """A run file for the tiny pair, vocabulary and inputs written in `tmp`."""
+  return f"""
+include 'target:{tmp}/target.gin'
+include 'draft:{tmp}/draft.gin'
+target/checkpoint_path.path = '{tmp}/target_ckpt'
+draft/checkpoint_path.path = '{tmp}/draft_ckpt'
+run.vocabulary = @seqio.SentencePieceVocabulary()
+seqio.SentencePieceVocabulary.sentencepiece_model_file = '{tmp}/spm.model'
+seqio.SentencePieceVocabulary.extra_ids = 10
+run.gamma = {_GAMMA}
+run.batch_size = 2
+run.max_input_len = 32
+run.max_decode_len = 12
+run.timing_repeats = 1
+run.progress = False
+read_inputs.path = '{tmp}/inputs.txt'
+make_mesh.num_devices = {num_devices}
+"""
+
+
 class RunTest(parameterized.TestCase):
 
   @classmethod
@@ -117,24 +138,8 @@ class RunTest(parameterized.TestCase):
       _save_t5x_checkpoint(params, cls.tmp / f"{name}_ckpt")
     (cls.tmp / "inputs.txt").write_text("\n".join(sentences[:5]))
     cls.run_gin = cls.tmp / "run.gin"
-    cls.run_gin.write_text(f"""
-include 'target:{cls.tmp}/target.gin'
-include 'draft:{cls.tmp}/draft.gin'
-target/checkpoint_path.path = '{cls.tmp}/target_ckpt'
-draft/checkpoint_path.path = '{cls.tmp}/draft_ckpt'
-run.vocabulary = @seqio.SentencePieceVocabulary()
-seqio.SentencePieceVocabulary.sentencepiece_model_file = '{cls.tmp}/spm.model'
-seqio.SentencePieceVocabulary.extra_ids = 10
-run.gamma = {_GAMMA}
-run.batch_size = 2
-run.max_input_len = 32
-run.max_decode_len = 12
-run.timing_repeats = 1
-run.progress = False
-read_inputs.path = '{cls.tmp}/inputs.txt'
-# Rows split over 2 of the 8 simulated devices (tests/conftest.py).
-make_mesh.num_devices = 2
-""")
+    # Rows split over 2 of the 8 simulated devices (tests/conftest.py).
+    cls.run_gin.write_text(run_gin_text(cls.tmp, num_devices=2))
 
   def tearDown(self):
     gin.clear_config()

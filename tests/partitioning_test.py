@@ -193,6 +193,8 @@ class ShardedDecodingTest(parameterized.TestCase):
         gamma=GAMMA,
         max_decode_len=MAX_DECODE_LEN,
         config=sampling.SamplingConfig(0.0),
+        verifier="block",
+        draft_threshold=0.0,
     )
     for leaf in jax.tree.leaves((target.cache, draft.cache)):
       self.assertTrue(leaf.is_deleted())

@@ -31,6 +31,7 @@ import optax
 import tqdm
 
 from spec_decode import data
+from spec_decode import growth
 
 # Registers the optimizers and schedules that train.optimizer names in gin.
 from spec_decode import optimizers  # pylint: disable=unused-import
@@ -63,9 +64,10 @@ class TrainState:
   opt_state: Any
 
 
-def init_state(config, optimizer, rng):
-  """Random params (`t5.init_params`), a fresh optimizer state, step 0."""
-  params = t5.init_params(config, rng)
+def init_state(config, optimizer, rng, params=None):
+  """A fresh optimizer state at step 0, of `params` or random ones."""
+  if params is None:
+    params = t5.init_params(config, rng)
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,
@@ -228,6 +230,8 @@ def train(
     seed=0,
     export_dir=None,
     export_dtype="float32",
+    init_from=None,
+    init_from_config=None,
 ):
   """Trains (or resumes training) a T5 on a seqio task.
 
@@ -254,6 +258,10 @@ def train(
     export_dir: if set, the final params are also written here alone, in a
       form `checkpoints.load_params` reads.
     export_dtype: 'float32' or 'bfloat16' for the exported params.
+    init_from: a trained checkpoint of a smaller T5 to start from, grown into
+      `model_config` by `growth.grown_params` (same logits, then trained);
+      None starts from random weights. Ignored when resuming.
+    init_from_config: the T5Config of `init_from`'s model.
 
   Returns:
     The final TrainState.
@@ -261,8 +269,12 @@ def train(
   model = t5.Transformer(model_config)
   os.makedirs(model_dir, exist_ok=True)
   manager = train_checkpoints.manager(model_dir, keep_checkpoints)
+  rng = jax.random.key(seed)
+  params = None
+  if init_from and manager.latest_step() is None:
+    params = growth.grown_params(init_from, init_from_config, model_config, rng)
   state = train_checkpoints.restore_latest(
-      manager, init_state(model_config, optimizer, jax.random.key(seed))
+      manager, init_state(model_config, optimizer, rng, params)
   )
   start_step = int(state.step)
   step_fn = jax.jit(

@@ -1,8 +1,12 @@
 """spec_decode: lossless speculative decoding for T5 in JAX/Flax."""
 
 import pathlib
+import shutil
 
 import setuptools
+from setuptools.command import build_py
+
+_ROOT = pathlib.Path(__file__).resolve().parent
 
 # Versions known to install and work together on Python 3.11 (CPU, GPU, TPU).
 INSTALL_REQUIRES = [
@@ -45,12 +49,28 @@ TEST_REQUIRES = [
 
 def _demo_files():
   """The demo's vocabulary, test inputs and trained pair, as package data."""
-  package = pathlib.Path(__file__).resolve().parent / "spec_decode"
+  package = _ROOT / "spec_decode"
   return [
       str(path.relative_to(package))
       for path in (package / "demo").rglob("*")
       if path.is_file()
   ]
+
+
+class BuildPy(build_py.build_py):
+  """build_py that also copies configs/ into the package.
+
+  An installed wheel's `gin_config.CONFIG_DIR` is that copy; a checkout and
+  an editable install read configs/ itself.
+  """
+
+  def run(self):
+    super().run()
+    destination = pathlib.Path(self.build_lib) / "spec_decode" / "configs"
+    for path in (_ROOT / "configs").rglob("*.gin"):
+      target = destination / path.relative_to(_ROOT / "configs")
+      target.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copyfile(path, target)
 
 
 setuptools.setup(
@@ -60,6 +80,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
     # The demo's vocabulary, test inputs and trained pair.
     package_data={"spec_decode": _demo_files()},
+    cmdclass={"build_py": BuildPy},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

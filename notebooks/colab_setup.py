@@ -20,7 +20,8 @@ import json
 # --- set-up cell ---
 # Set-up: where spec_decode is not installed (a fresh Colab runtime), install
 # it from SOURCE, with the jax build for the runtime's TPU or GPU; where it is
-# installed, fetch nothing. Then work from the repository root (configs/).
+# installed, fetch nothing. Then work from the repository root (for a wheel,
+# a directory that links its configs/ and spec_decode/ as a checkout has them).
 import glob
 import importlib
 import importlib.metadata
@@ -34,7 +35,8 @@ import sys
 # A git URL with a ref, "https://github.com/<owner>/spec_decode.git@<ref>",
 # or a wheel, a path or URL ending in .whl.
 SOURCE = None
-CHECKOUT = pathlib.Path("/content/spec_decode")  # Where a git SOURCE goes.
+# Where a git SOURCE goes; for a wheel, the directory the notebook works in.
+CHECKOUT = pathlib.Path("/content/spec_decode")
 
 
 class SetUpError(RuntimeError):
@@ -98,12 +100,22 @@ def set_up(source, checkout=CHECKOUT, device=None, run=subprocess.run):
     importlib.invalidate_caches()
   from spec_decode import gin_config  # pylint: disable=g-import-not-at-top
 
-  if not gin_config.CONFIG_DIR.is_dir():
+  configs = gin_config.CONFIG_DIR
+  package = pathlib.Path(gin_config.__file__).resolve().parent
+  if not configs.is_dir():
     raise SetUpError(
-        f"spec_decode at {gin_config.CONFIG_DIR.parent} has no configs/ (a "
-        "wheel carries only the package): use a git SOURCE"
+        f"spec_decode at {package} has no configs (a wheel built without "
+        "them): use a git SOURCE or a newer wheel"
     )
-  return gin_config.CONFIG_DIR.parent
+  if configs == package.parent / "configs":  # A checkout.
+    return package.parent
+  # A wheel carries configs/ inside the package: work from a directory that
+  # links configs/ and spec_decode/ where a checkout has them.
+  checkout.mkdir(parents=True, exist_ok=True)
+  for name, target in (("configs", configs), ("spec_decode", package)):
+    if not (checkout / name).exists():
+      (checkout / name).symlink_to(target, target_is_directory=True)
+  return checkout
 
 
 # --- set-up cell ---

@@ -21,9 +21,16 @@ import re
 
 import gin
 
-# configs/ at the repository's root; files include each other relative to it
-# ('models/t5_1_1_small.gin'), as t5x's gin files do.
-CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+# The configs: files include each other relative to this directory
+# ('models/t5_1_1_small.gin'), as t5x's gin files do. An installed wheel
+# carries a copy in the package (setup.py puts it there); a checkout or an
+# editable install reads configs/ at the repository's root.
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+CONFIG_DIR = (
+    _PACKAGE_DIR / "configs"
+    if (_PACKAGE_DIR / "configs").is_dir()
+    else _PACKAGE_DIR.parent / "configs"
+)
 
 # '<search dir>/<scope>:<path>', as gin joins a search path and an include.
 _SCOPED_PATH = re.compile(r"^(?P<dir>.*?)(?P<scope>[A-Za-z_]\w*):(?P<path>.+)$")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import zipfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -29,19 +30,24 @@ import colab_setup  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.dont_write_bytecode = False
 
-# A stand-in spec_decode: gin_config.CONFIG_DIR where the real one has it,
-# and a MARK that says which commit it came from.
+# A stand-in spec_decode: gin_config.CONFIG_DIR chosen as the real one
+# chooses it, and a MARK that says which commit it came from.
 _GIN_CONFIG = (
     "import pathlib\n"
-    'CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"\n'
+    "_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent\n"
+    'CONFIG_DIR = (_PACKAGE_DIR / "configs" if (_PACKAGE_DIR / "configs")'
+    '.is_dir() else _PACKAGE_DIR.parent / "configs")\n'
 )
+# With configs, the wheel carries configs/ in the package, as setup.py's
+# build_py puts it (tested on the real wheel by test_real_wheel_carries...).
 _SETUP = """
 import setuptools
 setuptools.setup(
     name="spec_decode",
     version="0.0.1",
     packages={packages},
-    package_data={{"configs": ["*.gin"]}},
+    package_dir={{"spec_decode.configs": "configs"}},
+    package_data={{"spec_decode.configs": ["*.gin"]}},
 )
 """
 # Runs set_up in a venv; a fetch (any subprocess) is an error when refused.
@@ -105,9 +111,8 @@ class ColabSetupTest(parameterized.TestCase):
     (repo / "configs").mkdir()
     (repo / "configs" / "demo.gin").write_text("run.gamma = 4\n")
     packages = ["spec_decode"]
-    if with_configs_package:  # Ships configs/ inside the wheel.
-      (repo / "configs" / "__init__.py").write_text("")
-      packages.append("configs")
+    if with_configs_package:  # Ships configs/ inside the wheel's package.
+      packages.append("spec_decode.configs")
     (repo / "setup.py").write_text(_SETUP.format(packages=packages))
     (repo / "spec_decode" / "gin_config.py").write_text(_GIN_CONFIG)
     init = repo / "spec_decode" / "__init__.py"
@@ -119,6 +124,18 @@ class ColabSetupTest(parameterized.TestCase):
     init.write_text('MARK = "later"\n')
     _git(repo, "commit", "--quiet", "-am", "later")
     return repo
+
+  def _wheel(self, source):
+    """Builds a wheel of the source tree `source`, offline; its path."""
+    wheels = self.dir / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+        + ["--no-index", "--no-build-isolation", "-w", str(wheels), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("*.whl")
+    return wheel
 
   def _set_up(self, source, refuse=False):
     """set_up in the venv, in a fresh process; its JSON report."""
@@ -179,22 +196,71 @@ class ColabSetupTest(parameterized.TestCase):
   def test_wheel_source(self, with_configs_package):
     repo = self._package(with_configs_package)
     _git(repo, "checkout", "--quiet", "v1")
-    wheels = self.dir / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
-        + ["--no-index", "--no-build-isolation", "-w", str(wheels), str(repo)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = wheels.glob("*.whl")
+    wheel = self._wheel(repo)
     report = self._set_up(str(wheel))
-    site = next((self.venv / "lib").glob("python*/site-packages"))
     if with_configs_package:
-      self.assertEqual(report, {"root": str(site.resolve()), "mark": "v1"})
+      # The notebooks work from a directory where configs/ and spec_decode/
+      # stand as in a checkout, linked into the installed package.
+      work = self.dir / "checkout"
+      self.assertEqual(report, {"root": str(work), "mark": "v1"})
+      site = next((self.venv / "lib").glob("python*/site-packages"))
+      self.assertEqual(
+          (work / "configs" / "demo.gin").read_text(), "run.gamma = 4\n"
+      )
+      self.assertEqual(
+          (work / "spec_decode").resolve(), (site / "spec_decode").resolve()
+      )
     else:  # Installed, but the notebooks need configs/: a one-line refusal.
-      self.assertIn("has no configs/", report["error"])
+      self.assertIn("has no configs", report["error"])
       self.assertIn("use a git SOURCE", report["error"])
       self.assertNotIn("\n", report["error"])
+
+  def test_real_wheel_carries_the_configs(self):
+    # setup.py's build_py copies configs/ into the package: from the wheel,
+    # unpacked as pip installs it, the cell's working directory holds every
+    # file the demo config names.
+    source = self.dir / "source"
+    source.mkdir()
+    shutil.copy(_ROOT / "setup.py", source)
+    for name in ("spec_decode", "configs"):
+      shutil.copytree(
+          _ROOT / name,
+          source / name,
+          ignore=shutil.ignore_patterns("__pycache__"),
+      )
+    wheel = self._wheel(source)
+    site = self.dir / "site"
+    with zipfile.ZipFile(wheel) as archive:
+      archive.extractall(site)
+    script = textwrap.dedent(f"""
+        import json, pathlib, re, sys
+        sys.path.insert(0, {str(_ROOT / "notebooks")!r})
+        import colab_setup
+        root = colab_setup.set_up(None, pathlib.Path({str(self.dir / "work")!r}), "cpu")
+        import spec_decode
+        demo = (root / "configs" / "demo.gin").read_text()
+        paths = re.findall(r"'(spec_decode/[^']+)'", demo)
+        print(json.dumps({{
+            "package": spec_decode.__file__,
+            "root": str(root),
+            "paths": {{p: (root / p).exists() for p in paths}},
+        }}))
+    """)
+    done = subprocess.run(
+        [sys.executable, "-B", "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=self.dir,
+        env=dict(os.environ, PYTHONPATH=str(site)),
+    )
+    self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+    report = json.loads(done.stdout.splitlines()[-1])
+    self.assertStartsWith(report["package"], str(site))
+    self.assertEqual(report["root"], str(self.dir / "work"))
+    # The demo's checkpoints and vocabulary, all found.
+    self.assertGreaterEqual(len(report["paths"]), 3)
+    self.assertEqual(set(report["paths"].values()), {True}, report["paths"])
 
   def test_installed_package_fetches_nothing(self):
     # The project's own venv has spec_decode: the whole cell runs, and any

@@ -78,28 +78,17 @@ def translate(sources, vocabulary, batch_size, max_input_len, max_decode_len):
   return restored
 
 
-def _vocabulary():
-  """run.vocabulary as bound; unbound, the target checkpoint's spiece.model."""
-  # Imported here: it imports seqio, and with it TensorFlow.
-  # pylint: disable-next=g-import-not-at-top
-  from spec_decode import vocabulary
-
-  try:
-    bound = gin.query_parameter("run.vocabulary").scoped_configurable_fn()
-  except ValueError:
-    bound = None
-  return vocabulary.for_run(bound, pair.bound_checkpoint_path("target"))
-
-
 def main(argv):
   with cli.one_line_errors():
     cli.start(argv)
-    # pylint: disable-next=g-import-not-at-top
+    # pylint: disable=g-import-not-at-top
     from spec_decode import data
+    from spec_decode import vocabulary
+    # pylint: enable=g-import-not-at-top
 
     outputs = translate(
         data.read_lines(_INPUT.value),
-        _vocabulary(),
+        vocabulary.bound_for_run(),
         _BATCH_SIZE.value,
         gin.query_parameter("run.max_input_len"),
         gin.query_parameter("run.max_decode_len"),

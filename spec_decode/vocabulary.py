@@ -123,6 +123,22 @@ def for_run(vocabulary, target_checkpoint):
   return checkpoint_vocabulary(target_checkpoint)
 
 
+def bound_for_run():
+  """`for_run` of run.vocabulary as bound (or unbound) and the target's path.
+
+  For the tools that read a run's gin files without running it
+  (`spec_decode.translate`, `spec_decode.alpha`).
+  """
+  # pylint: disable-next=g-import-not-at-top
+  from spec_decode import pair  # Imports jax and flax, as callers do.
+
+  try:
+    bound = gin.query_parameter("run.vocabulary").scoped_configurable_fn()
+  except ValueError:
+    bound = None
+  return for_run(bound, pair.bound_checkpoint_path("target"))
+
+
 def checked(vocabulary):
   """Loads `vocabulary` now, so that a bad file is a one-line ValueError.
 

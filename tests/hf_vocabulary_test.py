@@ -19,7 +19,6 @@ import transformers
 from spec_decode import compare
 from spec_decode import gin_config
 from spec_decode import report
-from spec_decode import translate
 from spec_decode import vocabulary
 import hf_directories
 
@@ -116,7 +115,7 @@ class HfVocabularyTest(absltest.TestCase):
   def test_translate_takes_the_checkpoint_vocabulary(self):
     gin_config.parse([], [f"target/checkpoint_path.path = '{self.checkpoint}'"])
     self.assertEqual(
-        translate._vocabulary().sentencepiece_model_file,  # pylint: disable=protected-access
+        vocabulary.bound_for_run().sentencepiece_model_file,
         str(self.checkpoint / "spiece.model"),
     )
 

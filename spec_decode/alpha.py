@@ -32,7 +32,7 @@ import tqdm
 
 from spec_decode import analysis
 from spec_decode import cli
-from spec_decode import compare  # pylint: disable=unused-import
+from spec_decode import compare
 from spec_decode import engine
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
@@ -92,11 +92,11 @@ def position_betas(target_logits, draft_logits, config):
 
 
 def teacher_forced_logits(model, params, inputs, outputs):
-  """The model's logits at every position of `outputs`, in one pass.
+  """The logits at every position of `outputs`, in one pass.
 
   Args:
-    model: a T5 Transformer.
-    params: its parameters.
+    model: a T5 Transformer; or None for an n-gram draft.
+    params: its parameters; or the drafts.NgramModel.
     inputs: int32 [B, S] encoder tokens.
     outputs: int32 [B, T] output tokens (0 after each row's end).
 
@@ -105,6 +105,9 @@ def teacher_forced_logits(model, params, inputs, outputs):
   """
   # [B, T] -> [B, T]: shifted right behind T5's start token, 0.
   decoder_inputs = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))
+  if model is None:  # An n-gram model reads only the token before.
+    cache = params.init_cache(outputs.shape[0])
+    return params(decoder_inputs, cache)[0]
   return model.apply({"params": params}, inputs, decoder_inputs)
 
 
@@ -159,23 +162,33 @@ def _output_tokens(texts, vocabulary, max_decode_len):
 
 
 class Scorer:
-  """Teacher-forced betas of a pair (`pair.LoadedModel`s), compiled once."""
+  """Teacher-forced betas of a target and a draft, compiled once per config.
 
-  def __init__(self, target, draft, mesh):
-    self.target, self.draft, self.mesh = target, draft, mesh
+  Attributes:
+    target_model, target_params: the target T5.
+    draft_model, draft_params: the draft T5; or None and a drafts.NgramModel.
+    mesh: the devices they are on.
+  """
+
+  def __init__(self, target_model, target_params, draft_model, draft_params,
+               mesh):
+    self.target_model, self.target_params = target_model, target_params
+    self.draft_model, self.draft_params = draft_model, draft_params
+    self.mesh = mesh
 
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def _betas(self, target_params, draft_params, inputs, outputs, config):
     return position_betas(
-        teacher_forced_logits(self.target.model, target_params, inputs, outputs),
-        teacher_forced_logits(self.draft.model, draft_params, inputs, outputs),
+        teacher_forced_logits(self.target_model, target_params, inputs,
+                              outputs),
+        teacher_forced_logits(self.draft_model, draft_params, inputs, outputs),
         config,
     )
 
   def __call__(self, inputs, outputs, config):
     with partitioning.active(self.mesh):
       return self._betas(
-          self.target.params, self.draft.params, inputs, outputs, config
+          self.target_params, self.draft_params, inputs, outputs, config
       )
 
 
@@ -230,7 +243,13 @@ def betas_of(
 
 
 def measure(
-    input_tokens, configs, batch_size, max_decode_len, references=None, seed=0
+    input_tokens,
+    configs,
+    batch_size,
+    max_decode_len,
+    references=None,
+    seed=0,
+    ngram=None,
 ):
   """Alpha of the run's draft for its target at each of `configs`.
 
@@ -241,16 +260,22 @@ def measure(
     max_decode_len: most output tokens (EOS included).
     references: see `betas_of`.
     seed: seeds the target's samples.
+    ngram: a drafts.NgramModel to score as the draft; None loads the T5
+      draft of the draft/ scope.
 
   Returns:
     A list of AlphaEstimates, one per config.
   """
   mesh = partitioning.make_mesh()
   target = pair.load_model("target", mesh)
-  draft = pair.load_model("draft", mesh)
-  pair.check_same_vocab(target.config, draft.config)
+  if ngram is None:
+    draft = pair.load_model("draft", mesh)
+    pair.check_same_vocab(target.config, draft.config)
+    draft_model, draft_params = draft.model, draft.params
+  else:
+    draft_model, draft_params = None, engine.place_ngram(ngram, mesh)
   decoders = engine.Engine(mesh, target.model, target.params)
-  score = Scorer(target, draft, mesh)
+  score = Scorer(target.model, target.params, draft_model, draft_params, mesh)
   estimates = []
   for config in configs:
     _, betas, lengths = betas_of(
@@ -309,6 +334,20 @@ def main(argv):
       references = _output_tokens(
           texts[: len(tokens)], vocabulary, max_decode_len
       )
+    ngram = None
+    kind = _bound("run.draft", "t5")
+    if kind in ("unigram", "bigram"):
+      ngram = compare.ngram_params(
+          kind,
+          _bound("run.ngram_corpus", None),
+          vocabulary,
+          pair.model_config("target").vocab_size,
+      )
+    elif kind != "t5":
+      raise ValueError(
+          f"run.draft={kind!r}: spec_decode.alpha scores a 't5', 'unigram' "
+          "or 'bigram' draft"
+      )
     configs = [
         sampling.SamplingConfig(
             float(t),
@@ -324,6 +363,7 @@ def main(argv):
         max_decode_len,
         references,
         _SEED.value,
+        ngram,
     )
   print(format_estimates(estimates))
   if _OUTPUT.value:

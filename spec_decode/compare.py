@@ -96,7 +96,8 @@ def measure_step_costs(decoders, inputs, gamma, max_decode_len):
     )
 
 
-def _ngram_params(kind, corpus_path, vocabulary, vocab_size):
+def ngram_params(kind, corpus_path, vocabulary, vocab_size):
+  """The unigram or bigram NgramModel counted over `corpus_path`'s lines."""
   if corpus_path is None:
     raise ValueError(f"a {kind} draft needs run.ngram_corpus, a text file")
   lines = inputs_lib.read_text(corpus_path, "run.ngram_corpus").splitlines()
@@ -237,7 +238,7 @@ def run(
     draft_model, draft_params = loaded.model, loaded.params
   elif draft in ("unigram", "bigram"):
     draft_params = engine.place_ngram(
-        _ngram_params(
+        ngram_params(
             draft, ngram_corpus, vocabulary, target_config.vocab_size
         ),
         mesh,

@@ -12,6 +12,7 @@ cut (and counted) when `truncate` is set.
 """
 
 import dataclasses
+import gzip
 import pathlib
 
 from absl import logging
@@ -77,6 +78,8 @@ def read_inputs(
 def read_text(path, what):
   """A UTF-8 text file's contents, or a one-line error naming it.
 
+  A name ending in .gz is read through gzip.
+
   Args:
     path: the file.
     what: what the file is, for the message (e.g. 'run.ngram_corpus').
@@ -91,7 +94,11 @@ def read_text(path, what):
   if not file.is_file():
     raise ValueError(f"{what}: no such file: {path}")
   try:
+    if file.suffix == ".gz":
+      return gzip.decompress(file.read_bytes()).decode("utf-8")
     return file.read_text(encoding="utf-8")
+  except (gzip.BadGzipFile, EOFError) as e:
+    raise ValueError(f"{what}: {path} is not a gzip file ({e})") from None
   except UnicodeDecodeError as e:
     raise ValueError(
         f"{what}: {path} is not UTF-8 text (byte {e.start}: "

@@ -1,9 +1,37 @@
 """Tests for spec_decode.inputs.trim."""
 
+import gzip
+import pathlib
+import tempfile
+
 from absl.testing import absltest
 import numpy as np
 
 from spec_decode import inputs
+
+
+class ReadTextTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    directory = tempfile.TemporaryDirectory()
+    self.addCleanup(directory.cleanup)
+    self.dir = pathlib.Path(directory.name)
+
+  def test_gzip_files_are_read_through_gzip(self):
+    path = self.dir / "corpus.de.gz"
+    path.write_bytes(gzip.compress("ein Hund läuft\nzwei\n".encode("utf-8")))
+    self.assertEqual(
+        inputs.read_text(path, "run.ngram_corpus"), "ein Hund läuft\nzwei\n"
+    )
+
+  def test_a_gz_name_that_is_not_gzip_is_one_line(self):
+    path = self.dir / "plain.gz"
+    path.write_text("not compressed\n")
+    with self.assertRaisesRegex(
+        ValueError, f"^run.ngram_corpus: {path} is not a gzip file \\(.+\\)$"
+    ):
+      inputs.read_text(path, "run.ngram_corpus")
 
 
 class TrimTest(absltest.TestCase):

@@ -1,180 +1,99 @@
-"""Tests for spec_decode.alpha: alpha from teacher-forced scores."""
+"""Tests for the spec_decode.alpha command line (logic: teacher_forced.py)."""
 
-import os
+import json
 import pathlib
+import subprocess
+import sys
+import tempfile
 
 from absl.testing import absltest
-from absl.testing import parameterized
-import gin
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from spec_decode import alpha
-from spec_decode import compare
-from spec_decode import data  # pylint: disable=unused-import
-from spec_decode import engine
-from spec_decode import gin_config
-from spec_decode import inputs as inputs_lib
-from spec_decode import pair
-from spec_decode import partitioning
-from spec_decode import sampling
-from spec_decode import speculative
-from spec_decode import vocabulary
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
-GREEDY = sampling.SamplingConfig(temperature=0.0)
-SAMPLED = sampling.SamplingConfig(temperature=1.0)
+# The demo target as its own draft: p = q everywhere, so alpha is exactly 1.
+_SELF_DRAFT = [
+    "--gin_bindings=include 'draft:models/demo_target.gin'",
+    "--gin_bindings=draft/checkpoint_path.path = 'spec_decode/demo/target'",
+    "--gin_bindings=target/checkpoint_path.path = 'spec_decode/demo/target'",
+    "--gin_bindings=include 'target:models/demo_target.gin'",
+]
 
 
-class FormulaTest(absltest.TestCase):
-
-  def test_betas_are_the_overlap_of_the_two_distributions(self):
-    target = jnp.log(jnp.array([[[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]]))
-    draft = jnp.log(jnp.array([[[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]]]))
-    np.testing.assert_allclose(
-        alpha.position_betas(target, draft, SAMPLED),
-        [[0.2 + 0.3 + 0.2, 0.1 + 0.1 + 0.1]],
-        rtol=1e-6,
-    )
-    # Greedy: one-hots, so beta says whether the argmaxes agree.
-    np.testing.assert_array_equal(
-        alpha.position_betas(target, draft, GREEDY), [[0.0, 0.0]]
-    )
-    np.testing.assert_array_equal(
-        alpha.position_betas(target, target, GREEDY), [[1.0, 1.0]]
-    )
-
-  def test_estimate_is_the_ratio_over_positions(self):
-    betas = np.array([[1.0, 0.0, 9.0], [0.5, 0.5, 0.5]])
-    lengths = np.array([2, 3])
-    result = alpha.estimate(betas, lengths, 1.0)
-    self.assertAlmostEqual(result.alpha, 2.5 / 5)
-    self.assertEqual((result.positions, result.sentences), (5, 2))
-    # Sentence sums 1 and 1.5 against alpha * n = 1 and 1.5: no spread.
-    self.assertAlmostEqual(result.standard_error, 0.0)
-    spread = alpha.estimate(np.array([[1.0, 1.0], [0.0, 0.0]]), [2, 2], 1.0)
-    # Residuals +1, -1: sqrt(2 / (2 * 1)) / 2.
-    self.assertAlmostEqual(spread.standard_error, 0.5)
-
-  def test_tokens_per_call_follow_eq_1(self):
-    result = alpha.AlphaEstimate(0.0, 0.5, 0.0, 10, 1)
-    self.assertAlmostEqual(result.tokens_per_call()[1], 1.5)
-    self.assertAlmostEqual(result.tokens_per_call()[8], (1 - 0.5**9) / 0.5)
+def _alpha(*args):
+  return subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "spec_decode.alpha",
+          "--gin_file=configs/demo.gin",
+          "--gin_bindings=read_inputs.num_examples = 6",
+          "--batch_size=4",
+          *args,
+      ],
+      capture_output=True,
+      text=True,
+      check=False,
+      cwd=_REPO,
+  )
 
 
-class DemoPairTest(parameterized.TestCase):
-  """On the demo pair: the loop's own alpha, without the loop."""
+class AlphaCliTest(absltest.TestCase):
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    os.chdir(_REPO)
-    gin_config.parse(
-        [_REPO / "configs" / "demo.gin"],
-        ["read_inputs.num_examples = 64", "run.max_decode_len = 48"],
+  def test_a_draft_equal_to_the_target_has_alpha_1(self):
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    done = _alpha(*_SELF_DRAFT, f"--output={tmp / 'alpha.json'}")
+    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+    rows = [line.split() for line in done.stdout.splitlines()[-2:]]
+    self.assertEqual([row[:3] for row in rows], [
+        ["0", "1.000", "0.0000"], ["1", "1.000", "0.0000"]
+    ])
+    # Eq. 1 at alpha 1: gamma + 1 tokens per call.
+    self.assertEqual(rows[0][-8:], [f"{g + 1:.2f}" for g in range(1, 9)])
+    records = json.loads((tmp / "alpha.json").read_text())
+    self.assertEqual([r["temperature"] for r in records], [0.0, 1.0])
+    self.assertEqual([r["sentences"] for r in records], [6, 6])
+    for record in records:
+      self.assertAlmostEqual(record["alpha"], 1.0, places=6)
+
+  def test_references_are_scored_instead_of_samples(self):
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    references = tmp / "refs.de"
+    references.write_text("Ein Hund.\nZwei Katzen spielen.\n" * 3)
+    done = _alpha(
+        f"--references={references}", "--temperatures=1",
+        f"--output={tmp / 'alpha.json'}",
     )
-    vocab = vocabulary.bound_for_run()
-    cls.max_decode_len = gin.query_parameter("run.max_decode_len")
-    cls.tokens = inputs_lib.encode(
-        inputs_lib.read_inputs(), vocab, 64, True
-    ).tokens
-    mesh = partitioning.make_mesh()
-    target = pair.load_model("target", mesh)
-    draft = pair.load_model("draft", mesh)
-    cls.target_only = engine.Engine(mesh, target.model, target.params)
-    cls.both = engine.Engine(
-        mesh, target.model, target.params, draft.model, draft.params
+    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+    (record,) = json.loads((tmp / "alpha.json").read_text())
+    # The same 6 short references at any seed: their token count, EOS
+    # included, is what was scored.
+    self.assertEqual(record["sentences"], 6)
+    self.assertBetween(record["alpha"], 0.05, 0.99)
+    again = _alpha(
+        f"--references={references}", "--temperatures=1", "--seed=7",
+        f"--output={tmp / 'again.json'}",
     )
-    cls.score = alpha.Scorer(
-        target.model, target.params, draft.model, draft.params, mesh
-    )
-    # A bigram draft counted over the test references: a draft with no
-    # model, whose q reads only the token before.
-    bigram = engine.place_ngram(
-        compare.ngram_params(
-            "bigram",
-            str(_REPO / "spec_decode/demo/multi30k/test_2016_flickr.de.gz"),
-            vocab,
-            target.config.vocab_size,
-        ),
-        mesh,
-    )
-    cls.bigram_both = engine.Engine(
-        mesh, target.model, target.params, None, bigram
-    )
-    cls.bigram_score = alpha.Scorer(
-        target.model, target.params, None, bigram, mesh
+    (same,) = json.loads((tmp / "again.json").read_text())
+    self.assertEqual(same, record)
+
+  def test_too_few_references_is_one_line(self):
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    references = tmp / "refs.de"
+    references.write_text("Ein Hund.\n")
+    done = _alpha(f"--references={references}")
+    self.assertEqual(done.returncode, 1)
+    self.assertEqual(
+        done.stderr.strip().splitlines()[-1],
+        "error: --references has 1 lines, fewer than the 6 inputs",
     )
 
-  @classmethod
-  def tearDownClass(cls):
-    gin.clear_config()
-    super().tearDownClass()
-
-  def _loop(self, config, num_rows, seed, decoders=None):
-    """The speculative loop's results on the first `num_rows` inputs."""
-    decoders = decoders or self.both
-    results = []
-    for index, (batch, num_real) in enumerate(
-        inputs_lib.batches(self.tokens[:num_rows], 8)
-    ):
-      result = decoders.speculative(
-          decoders.place_inputs(batch),
-          jax.random.fold_in(jax.random.key(seed), index),
-          gamma=4,
-          max_decode_len=self.max_decode_len,
-          config=config,
-      )
-      results.append(
-          jax.tree.map(lambda x: np.asarray(x)[:num_real], result)
-      )
-    return jax.tree.map(lambda *x: np.concatenate(x), *results)
-
-  @parameterized.parameters("t5", "bigram")
-  def test_greedy_betas_at_the_judged_positions_are_the_loops(self, draft):
-    # Greedy, the loop judges each drafted token in the context of the
-    # target's greedy outputs so far: the teacher-forced context. At the
-    # positions it judged (all but its bonus tokens), the betas here must be
-    # its betas exactly: 0 or 1, summing to its accepted tokens.
-    score, decoders = {
-        "t5": (self.score, self.both),
-        "bigram": (self.bigram_score, self.bigram_both),
-    }[draft]
-    outputs, betas, lengths = alpha.betas_of(
-        self.target_only, score, self.tokens[:24], GREEDY, 8,
-        self.max_decode_len,
+  def test_a_draft_kind_it_cannot_score_is_one_line(self):
+    done = _alpha("--gin_bindings=run.draft = 'target'")
+    self.assertEqual(done.returncode, 1)
+    self.assertIn(
+        "error: run.draft='target': spec_decode.alpha scores a 't5', "
+        "'unigram' or 'bigram' draft",
+        done.stderr,
     )
-    loop = self._loop(GREEDY, 24, 0, decoders)
-    np.testing.assert_array_equal(loop.sequences, outputs)
-    np.testing.assert_array_equal(loop.lengths, lengths)
-    judged = (loop.token_sources == speculative.ACCEPTED) | (
-        loop.token_sources == speculative.REPLACEMENT
-    )
-    np.testing.assert_array_equal(np.sum(judged, 1), loop.drafted_tokens)
-    np.testing.assert_array_equal(
-        np.sum(betas * judged, 1), loop.accepted_tokens
-    )
-    np.testing.assert_array_equal(np.sum(betas * judged, 1), loop.beta_sum)
-    self.assertTrue(0.1 < np.sum(betas * judged) / np.sum(judged) < 0.95)
-
-  def test_sampled_alpha_agrees_with_the_loops(self):
-    # Temperature 1: different samples, the same expectation. The loop's
-    # alpha (mean beta over its judged positions) and this one (over all
-    # positions of independent samples) must agree within 3.5 standard
-    # errors of their difference (each over sentences): a false alarm in
-    # about 1 run of 2,000 if both are unbiased. Skipping the loop's bonus
-    # positions biases it by far less than that error.
-    _, betas, lengths = alpha.betas_of(
-        self.target_only, self.score, self.tokens, SAMPLED, 16,
-        self.max_decode_len, seed=1,
-    )
-    mine = alpha.estimate(betas, lengths, 1.0)
-    loop = self._loop(SAMPLED, len(self.tokens), 2)
-    theirs = alpha.from_sums(loop.beta_sum, loop.drafted_tokens, 1.0)
-    error = np.hypot(mine.standard_error, theirs.standard_error)
-    self.assertLess(error, 0.03)
-    self.assertLess(abs(mine.alpha - theirs.alpha), 3.5 * error)
 
 
 if __name__ == "__main__":

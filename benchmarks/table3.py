@@ -1,0 +1,148 @@
+r"""The paper's Table 3 for the demo target: alpha of every draft, in minutes.
+
+  python benchmarks/table3.py --gin_file=configs/demo.gin \
+      --output=benchmarks/results/table3.json
+
+For each dataset (Multi30k test_2016 and WMT21 newstest, first
+--num_examples inputs) and temperature (0 and 1), the target of the gin
+files samples its outputs once, and every draft of DRAFTS is
+scored on them teacher-forced (`spec_decode.alpha`): alpha = E[beta], with
+its standard error over sentences. No speculative loop runs. Prints a
+markdown table (drafts by dataset and temperature) and writes the JSON.
+"""
+
+import json
+
+from absl import flags
+import jax
+import numpy as np
+
+from spec_decode import cli
+from spec_decode import compare
+from spec_decode import engine
+from spec_decode import gin_config
+from spec_decode import inputs as inputs_lib
+from spec_decode import pair
+from spec_decode import partitioning
+from spec_decode import sampling
+from spec_decode import teacher_forced
+
+_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 1000, "Inputs per set.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows per call.")
+_DRAFTS = flags.DEFINE_list("drafts", None, "Names of DRAFTS to score.")
+_OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
+
+# name: (kind, size file under configs/ or None, checkpoint or n-gram corpus)
+DRAFTS = {
+    "t5_1.9m": ("t5", "models/demo_draft.gin", "spec_decode/demo/draft"),
+    "t5_1.9m_distilled_9.2m": (
+        "t5",
+        "models/demo_draft.gin",
+        "spec_decode/demo/draft_distilled",
+    ),
+    "t5_9.2m": ("t5", "models/demo_target.gin", "spec_decode/demo/target_9m"),
+    "bigram": ("bigram", None, "spec_decode/demo/multi30k/train.de.gz"),
+    "unigram": ("unigram", None, "spec_decode/demo/multi30k/train.de.gz"),
+}
+# name: the gin bindings that select its inputs.
+DATASETS = {
+    "multi30k": ["read_inputs.task = 'multi30k_en_de'"],
+    "wmt21": ["read_inputs.task = 'wmt21_en_de'"],
+}
+TEMPERATURES = (0.0, 1.0)
+
+
+def _parse(bindings=()):
+  """The run's gin files and bindings, then `bindings`."""
+  gin_config.parse(
+      cli.GIN_FILES.value, list(cli.GIN_BINDINGS.value) + list(bindings)
+  )
+
+
+def _scorer(name, target, vocab, mesh):
+  """A Scorer of the target with draft `name`."""
+  kind, size_file, path = DRAFTS[name]
+  if kind != "t5":
+    ngram = compare.ngram_params(kind, path, vocab, target.config.vocab_size)
+    return teacher_forced.Scorer(
+        target.model, target.params, None, engine.place_ngram(ngram, mesh),
+        mesh,
+    )
+  _parse(
+      [f"include 'draft:{size_file}'", f"draft/checkpoint_path.path = '{path}'"]
+  )
+  draft = pair.load_model("draft", mesh)
+  return teacher_forced.Scorer(
+      target.model, target.params, draft.model, draft.params, mesh
+  )
+
+
+def _markdown(results, names):
+  columns = [(d, t) for d in DATASETS for t in TEMPERATURES]
+  lines = [
+      "| draft | " + " | ".join(f"{d}, T={t:g}" for d, t in columns) + " |",
+      "|---|" + "---:|" * len(columns),
+  ]
+  for name in names:
+    cells = [
+        "{alpha:.3f} ± {standard_error:.3f}".format(**results[d][str(t)][name])
+        for d, t in columns
+    ]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  cli.start(argv)
+  # pylint: disable-next=g-import-not-at-top
+  from spec_decode import vocabulary  # Imports TensorFlow, after cli.start.
+
+  names = _DRAFTS.value or list(DRAFTS)
+  mesh = partitioning.make_mesh()
+  vocab = vocabulary.bound_for_run()
+  max_input_len = gin_config.gin.query_parameter("run.max_input_len")
+  max_decode_len = gin_config.gin.query_parameter("run.max_decode_len")
+  target = pair.load_model("target", mesh)
+  scorers = {name: _scorer(name, target, vocab, mesh) for name in names}
+  decoders = engine.Engine(mesh, target.model, target.params)
+  results = {}
+  for dataset, bindings in DATASETS.items():
+    _parse(bindings + [f"read_inputs.num_examples = {_NUM_EXAMPLES.value}"])
+    encoded = inputs_lib.encode(
+        inputs_lib.read_inputs(), vocab, max_input_len, True
+    )
+    results[dataset] = {"num_truncated": encoded.num_truncated}
+    for temperature in TEMPERATURES:
+      _, betas, lengths = teacher_forced.betas_of(
+          decoders,
+          scorers,
+          encoded.tokens,
+          sampling.SamplingConfig(temperature),
+          _BATCH_SIZE.value,
+          max_decode_len,
+      )
+      results[dataset][str(temperature)] = {
+          name: vars(teacher_forced.estimate(b, lengths, temperature))
+          for name, b in betas.items()
+      }
+      results[dataset][str(temperature)]["mean_output_len"] = float(
+          np.mean(lengths)
+      )
+  table = _markdown(results, names)
+  print(table)
+  if _OUTPUT.value:
+    record = {
+        "gin_files": cli.GIN_FILES.value,
+        "gin_bindings": cli.GIN_BINDINGS.value,
+        "num_examples": _NUM_EXAMPLES.value,
+        "device": str(jax.devices()[0].device_kind),
+        "drafts": {n: DRAFTS[n] for n in names},
+        "results": results,
+        "markdown": table,
+    }
+    with open(_OUTPUT.value, "w") as f:
+      f.write(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+  cli.run(main)

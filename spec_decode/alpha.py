@@ -14,7 +14,8 @@ top-p. Alpha is the mean of beta over positions; its standard error is
 computed over sentences (positions of a sentence are not independent). It
 prints alpha and the expected tokens per target call for gamma 1..8 (Eq. 1).
 The logic is in `teacher_forced.py`. The draft is the run's: a T5 (draft/
-scope), or run.draft = 'unigram' or 'bigram' over run.ngram_corpus.
+scope), run.draft = 'unigram' or 'bigram' over run.ngram_corpus, or
+run.draft = 'lookup' (prompt lookup).
 """
 
 import dataclasses
@@ -26,6 +27,7 @@ import gin
 from spec_decode import cli
 from spec_decode import compare
 from spec_decode import inputs as inputs_lib
+from spec_decode import lookup
 from spec_decode import pair
 from spec_decode import sampling
 from spec_decode import teacher_forced
@@ -81,10 +83,12 @@ def main(argv):
       references = teacher_forced.output_tokens(
           texts[: len(tokens)], vocabulary, max_decode_len
       )
-    ngram = None
+    model_free = None
     kind = _bound("run.draft", "t5")
-    if kind in ("unigram", "bigram"):
-      ngram = compare.ngram_params(
+    if kind == "lookup":
+      model_free = lookup.PromptLookup(pair.model_config("target").vocab_size)
+    elif kind in ("unigram", "bigram"):
+      model_free = compare.ngram_params(
           kind,
           _bound("run.ngram_corpus", None),
           vocabulary,
@@ -92,8 +96,8 @@ def main(argv):
       )
     elif kind != "t5":
       raise ValueError(
-          f"run.draft={kind!r}: spec_decode.alpha scores a 't5', 'unigram' "
-          "or 'bigram' draft"
+          f"run.draft={kind!r}: spec_decode.alpha scores a 't5', 'unigram', "
+          "'bigram' or 'lookup' draft"
       )
     configs = [
         sampling.SamplingConfig(
@@ -110,7 +114,7 @@ def main(argv):
         max_decode_len,
         references,
         _SEED.value,
-        ngram,
+        model_free,
     )
   print(format_estimates(estimates))
   if _OUTPUT.value:

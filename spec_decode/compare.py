@@ -31,6 +31,7 @@ from spec_decode import calibration as calibration_lib
 from spec_decode import drafts
 from spec_decode import engine
 from spec_decode import inputs as inputs_lib
+from spec_decode import lookup
 from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import run_outputs
@@ -38,7 +39,7 @@ from spec_decode import sampling
 from spec_decode import timing
 from spec_decode import verify
 
-DRAFT_KINDS = ("t5", "target", "unigram", "bigram")
+DRAFT_KINDS = ("t5", "target", "unigram", "bigram", "lookup")
 # Timed loops of decode calls when measuring c; the median counts.
 _STEP_REPEATS = 5
 
@@ -174,7 +175,8 @@ def run(
       `calibration_batches` batches, from the measured alpha and call costs
       (see `spec_decode.calibration`).
     draft: 't5' (the model under the draft/ scope), 'target' (the target as
-      its own draft), 'unigram' or 'bigram' (counted over `ngram_corpus`).
+      its own draft), 'unigram' or 'bigram' (counted over `ngram_corpus`),
+      or 'lookup' (prompt lookup in the input and output, `lookup.py`).
     temperature: 0 is greedy.
     top_k: 0 keeps all tokens.
     top_p: 1 keeps all tokens.
@@ -236,6 +238,8 @@ def run(
   if draft == "t5":
     loaded = pair.load_model("draft", mesh, draft_rules)
     draft_model, draft_params = loaded.model, loaded.params
+  elif draft == "lookup":
+    draft_params = lookup.PromptLookup(target_config.vocab_size)
   elif draft in ("unigram", "bigram"):
     draft_params = engine.place_ngram(
         ngram_params(

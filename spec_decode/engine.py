@@ -22,6 +22,7 @@ import numpy as np
 from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import inputs as inputs_lib
+from spec_decode import lookup
 from spec_decode import partitioning
 from spec_decode import speculative
 from spec_decode.models import t5
@@ -39,7 +40,8 @@ class Engine:
     mesh: the device mesh.
     target_model, target_params: the target T5 and its (sharded) parameters.
     draft_model, draft_params: a T5 draft and its parameters; or None and an
-      `drafts.NgramModel`; or None and None for the target as its own draft.
+      `drafts.NgramModel` or a `lookup.PromptLookup`; or None and None for
+      the target as its own draft.
     target_rules, draft_rules: each model's logical-axis rules.
   """
 
@@ -129,6 +131,10 @@ class Engine:
           t5.make_decode_fn(self.target_model, self.target_params),
           self._t5_cache("target", inputs, capacity),
       )
+    if isinstance(self.draft_params, lookup.PromptLookup):
+      return drafts.Draft(
+          self.draft_params, self._lookup_cache(inputs, capacity)
+      )
     if self.draft_model is None:
       ngram = self.draft_params
       return drafts.Draft(ngram, self._ngram_cache(inputs.shape[0]))
@@ -161,6 +167,18 @@ class Engine:
         cache, cache.logical_axes(), self.mesh, self.draft_rules
     )
     return jax.tree.map(partitioning.place, cache, sharding)
+
+  def _lookup_cache(self, inputs, capacity):
+    key = ("lookup_cache", self.mesh, self.draft_rules, inputs.shape, capacity)
+    if key not in _COMPILED:
+      make = functools.partial(lookup.init_cache, capacity=capacity)
+      shapes = jax.eval_shape(make, inputs)
+      out_shardings = partitioning.shardings(
+          shapes, shapes.logical_axes(), self.mesh, self.draft_rules
+      )
+      _COMPILED[key] = jax.jit(make, out_shardings=out_shardings)
+    with partitioning.active(self.mesh, self.draft_rules):
+      return _COMPILED[key](inputs)
 
   def _place_key(self, rng):
     """The PRNG key's data, replicated: uint32 [2] for threefry."""

@@ -23,6 +23,7 @@ import tqdm
 from spec_decode import analysis
 from spec_decode import engine
 from spec_decode import inputs as inputs_lib
+from spec_decode import lookup
 from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import sampling
@@ -75,8 +76,8 @@ def teacher_forced_logits(model, params, inputs, outputs):
   """The logits at every position of `outputs`, in one pass.
 
   Args:
-    model: a T5 Transformer; or None for an n-gram draft.
-    params: its parameters; or the drafts.NgramModel.
+    model: a T5 Transformer; or None for a draft with no model.
+    params: its parameters; or a drafts.NgramModel or lookup.PromptLookup.
     inputs: int32 [B, S] encoder tokens.
     outputs: int32 [B, T] output tokens (0 after each row's end).
 
@@ -85,6 +86,9 @@ def teacher_forced_logits(model, params, inputs, outputs):
   """
   # [B, T] -> [B, T]: shifted right behind T5's start token, 0.
   decoder_inputs = jnp.pad(outputs[:, :-1], ((0, 0), (1, 0)))
+  if isinstance(params, lookup.PromptLookup):
+    cache = lookup.init_cache(inputs, outputs.shape[1])
+    return params(decoder_inputs, cache)[0]
   if model is None:  # An n-gram model reads only the token before.
     cache = params.init_cache(outputs.shape[0])
     return params(decoder_inputs, cache)[0]
@@ -237,7 +241,7 @@ def measure(
     max_decode_len,
     references=None,
     seed=0,
-    ngram=None,
+    model_free=None,
 ):
   """Alpha of the run's draft for its target at each of `configs`.
 
@@ -248,20 +252,22 @@ def measure(
     max_decode_len: most output tokens (EOS included).
     references: see `betas_of`.
     seed: seeds the target's samples.
-    ngram: a drafts.NgramModel to score as the draft; None loads the T5
-      draft of the draft/ scope.
+    model_free: a draft with no model to score (a drafts.NgramModel or a
+      lookup.PromptLookup); None loads the T5 draft of the draft/ scope.
 
   Returns:
     A list of AlphaEstimates, one per config.
   """
   mesh = partitioning.make_mesh()
   target = pair.load_model("target", mesh)
-  if ngram is None:
+  if model_free is None:
     draft = pair.load_model("draft", mesh)
     pair.check_same_vocab(target.config, draft.config)
     draft_model, draft_params = draft.model, draft.params
+  elif isinstance(model_free, lookup.PromptLookup):
+    draft_model, draft_params = None, model_free
   else:
-    draft_model, draft_params = None, engine.place_ngram(ngram, mesh)
+    draft_model, draft_params = None, engine.place_ngram(model_free, mesh)
   decoders = engine.Engine(mesh, target.model, target.params)
   score = Scorer(target.model, target.params, draft_model, draft_params, mesh)
   estimates = []

@@ -91,7 +91,7 @@ class AlphaCliTest(absltest.TestCase):
     self.assertEqual(done.returncode, 1)
     self.assertIn(
         "error: run.draft='target': spec_decode.alpha scores a 't5', "
-        "'unigram' or 'bigram' draft",
+        "'unigram', 'bigram' or 'lookup' draft",
         done.stderr,
     )
 

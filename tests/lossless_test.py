@@ -20,6 +20,7 @@ import scipy.stats
 import fake_models
 from spec_decode import decoding
 from spec_decode import drafts
+from spec_decode import lookup
 from spec_decode import sampling
 from spec_decode import speculative
 
@@ -28,10 +29,10 @@ EOS_ID = 1
 MAX_DECODE_LEN = 3
 NUM_SAMPLES = 20_000
 CONTEXT = 7  # Every row decodes the same input, so samples are i.i.d.
-# The chi-square tests' level: with 19 cases, a false alarm in 1 suite run of
-# 500 under the null. (A residual drawn from the target instead of
+# The chi-square tests' level: with 71 cases, a false alarm in 1 suite run of
+# 1,400 under the null. (A residual drawn from the target instead of
 # max(0, p - q) gives p-values below 1e-30 here.)
-CHI_SQUARE_LEVEL = 1e-4
+CHI_SQUARE_LEVEL = 1e-5
 # New tokens of the several-iterations cases (781 outcomes, 222 of them
 # expected at least 5 times in NUM_SAMPLES).
 LONG_DECODE_LEN = 4
@@ -44,7 +45,10 @@ CONFIGS = {
 }
 # Draft kind -> gamma. The target as draft drafts past the room left. The
 # good draft's acceptance rate is 0.73-0.89 here, the bad one's 0.28-0.38.
-GAMMAS = {"good": 2, "bad": 1, "target": 4}
+GAMMAS = {"good": 2, "bad": 1, "target": 4, "lookup": 2}
+# The lookup draft's input: it proposes what followed the last token here
+# (4 after 5, 5 after 4, ...), one-hot; EOS where nothing did.
+LOOKUP_SOURCE = [2, 5, 4, 5, 3, 1]
 # "none" runs the baseline decoder, as a control of the enumeration.
 DRAFT_KINDS = [*GAMMAS, "none"]
 # Verifier cases: the verifier and the draft threshold (early stop). At 0.6
@@ -73,6 +77,11 @@ def _draft(kind, target, capacity):
     corpus = [[0, 2, 2, 3, 1], [3, 3, 0, 2], [2, 1]]
     return drafts.ngram_draft(
         drafts.count_unigrams(corpus, VOCAB_SIZE), NUM_SAMPLES
+    )
+  if kind == "lookup":
+    return drafts.Draft(
+        lookup.PromptLookup(VOCAB_SIZE),
+        lookup.init_cache(np.tile(LOOKUP_SOURCE, (NUM_SAMPLES, 1)), capacity),
     )
   return drafts.target_as_draft(target, target.init_cache(contexts, capacity))
 
@@ -221,8 +230,13 @@ class LosslessTest(parameterized.TestCase):
           verifier=verifier,
           draft_threshold=draft_threshold,
       )
-      if draft_threshold and gamma > 1:
+      if draft_threshold and gamma > 1 and draft_kind != "lookup":
         self.assertGreater(_early_bonus_tokens(result, gamma), 0)
+      if draft_kind == "lookup":  # A one-hot q: confident, often right.
+        self.assertEqual(_early_bonus_tokens(result, gamma), 0)
+        self.assertGreater(
+            int(np.sum(result.accepted_tokens)), NUM_SAMPLES // 10
+        )
     _assert_follows(self, result, _exact_distribution(target, config))
 
 

@@ -14,6 +14,7 @@ import scipy.stats
 import fake_models
 from spec_decode import decoding
 from spec_decode import drafts
+from spec_decode import lookup
 from spec_decode import sampling
 from spec_decode import speculative
 from spec_decode.models import t5
@@ -168,7 +169,8 @@ class GreedyTest(parameterized.TestCase):
   """Greedy speculative decoding emits the greedy baseline's tokens."""
 
   @parameterized.product(
-      draft_kind=["other_model", "unigram", "target"], gamma=[1, 2, 4, 7]
+      draft_kind=["other_model", "unigram", "target", "lookup"],
+      gamma=[1, 2, 4, 7],
   )
   def test_matches_baseline(self, draft_kind, gamma):
     max_decode_len = 14
@@ -176,7 +178,22 @@ class GreedyTest(parameterized.TestCase):
     for batch_size in BATCH_SIZES:
       contexts = fake_models.context_ids(batch_size, seed=batch_size)
       capacity = max_decode_len + gamma + 1
-      if draft_kind == "other_model":
+      baseline = _baseline(
+          target, contexts, max_decode_len=max_decode_len, config=GREEDY
+      )
+      if draft_kind == "lookup":
+        # The input holds the first half of each row's greedy output, the
+        # rest being unknown: lookups hit, then miss.
+        source = np.where(
+            np.arange(max_decode_len) < max_decode_len // 2,
+            np.asarray(baseline.sequences),
+            0,
+        )
+        draft = drafts.Draft(
+            lookup.PromptLookup(VOCAB_SIZE),
+            lookup.init_cache(source, capacity),
+        )
+      elif draft_kind == "other_model":
         draft = _fake_draft(
             fake_models.perturbed(target, 1, 1.5), contexts, capacity
         )
@@ -195,9 +212,6 @@ class GreedyTest(parameterized.TestCase):
           max_decode_len=max_decode_len,
           config=GREEDY,
       )
-      baseline = _baseline(
-          target, contexts, max_decode_len=max_decode_len, config=GREEDY
-      )
       np.testing.assert_array_equal(result.sequences, baseline.sequences)
       np.testing.assert_array_equal(result.lengths, baseline.lengths)
       if draft_kind == "target":
@@ -205,6 +219,8 @@ class GreedyTest(parameterized.TestCase):
             result.target_calls, -(-result.lengths // (gamma + 1))
         )
         self.assertEqual(result.acceptance_rate(), 1.0)
+      if draft_kind == "lookup":
+        self.assertGreater(int(np.sum(result.accepted_tokens)), 0)
     # Rows of the last batch finish at different times.
     self.assertGreater(len(set(np.asarray(result.lengths))), 1)
 
@@ -259,7 +275,8 @@ class T5GreedyTest(parameterized.TestCase):
       )
 
   @parameterized.product(
-      draft_kind=["smaller_t5", "unigram", "target"], gamma=[1, 2, 4, 7]
+      draft_kind=["smaller_t5", "unigram", "target", "lookup"],
+      gamma=[1, 2, 4, 7],
   )
   def test_matches_baseline(self, draft_kind, gamma):
     for batch_size in BATCH_SIZES:
@@ -294,6 +311,10 @@ class T5GreedyTest(parameterized.TestCase):
           )
       ]
       draft = drafts.ngram_draft(drafts.count_unigrams(corpus, 97), batch_size)
+    elif draft_kind == "lookup":  # Looks up in the T5's own input.
+      draft = drafts.Draft(
+          lookup.PromptLookup(97), lookup.init_cache(inputs, capacity)
+      )
     else:
       draft = target
     result = speculative.speculative_decode(

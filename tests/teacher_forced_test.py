@@ -15,6 +15,7 @@ from spec_decode import data  # pylint: disable=unused-import
 from spec_decode import engine
 from spec_decode import gin_config
 from spec_decode import inputs as inputs_lib
+from spec_decode import lookup
 from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import sampling
@@ -106,6 +107,13 @@ class DemoPairTest(parameterized.TestCase):
     cls.bigram_score = teacher_forced.Scorer(
         target.model, target.params, None, bigram, mesh
     )
+    prompt_lookup = lookup.PromptLookup(target.config.vocab_size)
+    cls.lookup_both = engine.Engine(
+        mesh, target.model, target.params, None, prompt_lookup
+    )
+    cls.lookup_score = teacher_forced.Scorer(
+        target.model, target.params, None, prompt_lookup, mesh
+    )
 
   @classmethod
   def tearDownClass(cls):
@@ -131,7 +139,7 @@ class DemoPairTest(parameterized.TestCase):
       )
     return jax.tree.map(lambda *x: np.concatenate(x), *results)
 
-  @parameterized.parameters("t5", "bigram")
+  @parameterized.parameters("t5", "bigram", "lookup")
   def test_greedy_betas_at_the_judged_positions_are_the_loops(self, draft):
     # Greedy, the loop judges each drafted token in the context of the
     # target's greedy outputs so far: the teacher-forced context. At the
@@ -140,6 +148,7 @@ class DemoPairTest(parameterized.TestCase):
     score, decoders = {
         "t5": (self.score, self.both),
         "bigram": (self.bigram_score, self.bigram_both),
+        "lookup": (self.lookup_score, self.lookup_both),
     }[draft]
     outputs, betas, lengths = teacher_forced.betas_of(
         self.target_only, {draft: score}, self.tokens[:24], GREEDY, 8,
@@ -157,7 +166,7 @@ class DemoPairTest(parameterized.TestCase):
         np.sum(betas * judged, 1), loop.accepted_tokens
     )
     np.testing.assert_array_equal(np.sum(betas * judged, 1), loop.beta_sum)
-    self.assertTrue(0.1 < np.sum(betas * judged) / np.sum(judged) < 0.95)
+    self.assertBetween(np.sum(betas * judged) / np.sum(judged), 0.02, 0.95)
 
   def test_sampled_alpha_agrees_with_the_loops(self):
     # Temperature 1: different samples, the same expectation. The loop's

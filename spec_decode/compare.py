@@ -477,6 +477,13 @@ def _results(
       "target_verify_ms": 1e3 * costs.target_verify,
       "draft_step_ms": 1e3 * costs.draft_step,
       "predicted_speedup": analysis.walltime_improvement(alpha, gamma, costs.c),
+      "call_cost_speedup": analysis.call_cost_speedup(
+          totals["speculative_tokens"] / calls,
+          gamma,
+          costs.target_step,
+          costs.target_verify,
+          costs.draft_step,
+      ),
       "optimal_gamma": analysis.optimal_gamma(alpha, costs.c),
       "mismatches": totals["mismatches"] if config.greedy else None,
       "nonfinite_rows": totals["nonfinite_rows"],

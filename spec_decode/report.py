@@ -19,6 +19,7 @@ _ROWS = (
         "{:.2f}",
     ),
     ("speedup (Theorem 3.8)", "predicted_speedup", "{:.2f}x"),
+    ("  with the measured call costs", "call_cost_speedup", "{:.2f}x"),
     ("optimal gamma (Theorem 3.8)", "optimal_gamma", "{:d}"),
     ("greedy rows differing from baseline", "mismatches", "{:d}"),
     ("inputs truncated", "num_truncated", "{:d}"),

@@ -175,6 +175,18 @@ class RunTest(parameterized.TestCase):
     self.assertBetween(results["tokens_per_target_call"], 1.0, _GAMMA + 1)
     self.assertEqual(results["baseline_tokens"], results["speculative_tokens"])
     self.assertGreater(results["c"], 0.0)
+    # Theorem 3.8 with the (gamma+1)-token call measured, not one step.
+    self.assertAlmostEqual(
+        results["call_cost_speedup"],
+        results["tokens_per_target_call"]
+        * results["target_step_ms"]
+        / (
+            results["gamma"] * results["draft_step_ms"]
+            + results["target_verify_ms"]
+        ),
+        places=9,
+    )
+    self.assertIn("  with the measured call costs", done.stdout)
     for key in (
         "alpha",
         "tokens_per_target_call",

@@ -16,17 +16,14 @@ parameters are loaded sharded, rows are split over its 'data' axis, and on
 several hosts each host feeds its own rows and host 0 writes the results.
 """
 
-import dataclasses
 import pathlib
 from typing import Any
 
 import gin
 import jax
-import numpy as np
 import tqdm
 
-from spec_decode import acceptance
-from spec_decode import analysis
+from spec_decode import call_costs
 from spec_decode import calibration as calibration_lib
 from spec_decode import drafts
 from spec_decode import engine
@@ -35,66 +32,12 @@ from spec_decode import lookup
 from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import run_outputs
+from spec_decode import run_totals
 from spec_decode import sampling
 from spec_decode import timing
 from spec_decode import verify
 
 DRAFT_KINDS = ("t5", "target", "unigram", "bigram", "lookup")
-# Timed loops of decode calls when measuring c; the median counts.
-_STEP_REPEATS = 5
-
-
-def _call_seconds(decode_fn, cache, num_tokens, position):
-  return timing.seconds_per_call(
-      decode_fn, cache, num_tokens, position, repeats=_STEP_REPEATS
-  )
-
-
-@dataclasses.dataclass(frozen=True)
-class StepCosts:
-  """Measured times of single decode calls, in seconds.
-
-  Attributes:
-    target_step: the target on 1 token per row.
-    target_verify: the target on gamma + 1 tokens per row.
-    draft_step: the draft on 1 token per row.
-  """
-
-  target_step: float
-  target_verify: float
-  draft_step: float
-
-  @property
-  def c(self):
-    """The paper's cost ratio: a draft step over a target step."""
-    return self.draft_step / self.target_step
-
-
-def measure_step_costs(decoders, inputs, gamma, max_decode_len):
-  """Times the target's 1- and (gamma+1)-token calls and a draft step.
-
-  Args:
-    decoders: an engine.Engine.
-    inputs: int32 [B, S] placed inputs.
-    gamma: tokens drafted per target call.
-    max_decode_len: most tokens per row; calls start at half of it, a
-      typical cache length during decoding.
-
-  Returns:
-    StepCosts.
-  """
-  capacity = max_decode_len + gamma + 1
-  position = max_decode_len // 2
-  target = decoders.setup("target", inputs, capacity)
-  draft = decoders.setup("draft", inputs, capacity)
-  with partitioning.active(decoders.mesh, decoders.target_rules):
-    return StepCosts(
-        target_step=_call_seconds(target.decode_fn, target.cache, 1, position),
-        target_verify=_call_seconds(
-            target.decode_fn, target.cache, gamma + 1, position
-        ),
-        draft_step=_call_seconds(draft.decode_fn, draft.cache, 1, position),
-    )
 
 
 def ngram_params(kind, corpus_path, vocabulary, vocab_size):
@@ -232,41 +175,8 @@ def run(
         f"axis of {mesh.shape['data']} devices; set make_mesh.model_parallel "
         "or make_mesh.num_devices, or the batch size"
     )
-  draft_rules = partitioning.rules(replicate_model=replicate_draft)
-  target = pair.load_model("target", mesh)
-  draft_model = draft_params = None
-  if draft == "t5":
-    loaded = pair.load_model("draft", mesh, draft_rules)
-    draft_model, draft_params = loaded.model, loaded.params
-  elif draft == "lookup":
-    draft_params = lookup.PromptLookup(target_config.vocab_size)
-  elif draft in ("unigram", "bigram"):
-    draft_params = engine.place_ngram(
-        ngram_params(
-            draft, ngram_corpus, vocabulary, target_config.vocab_size
-        ),
-        mesh,
-    )
-  decoders = engine.Engine(
-      mesh,
-      target.model,
-      target.params,
-      draft_model,
-      draft_params,
-      draft_rules=draft_rules,
-  )
-
-  baseline_time = speculative_time = 0.0
-  totals = dict(
-      baseline_tokens=0,
-      speculative_tokens=0,
-      target_calls=0,
-      drafted=0,
-      accepted=0,
-      beta=0.0,
-      mismatches=0,
-      draft_calls=0,
-      nonfinite_rows=0,
+  decoders = _engine(
+      mesh, draft, target_config, vocabulary, ngram_corpus, replicate_draft
   )
   batches = list(inputs_lib.batches(encoded.tokens, batch_size))
   calibration = None
@@ -284,7 +194,8 @@ def run(
         rng=jax.random.key(seed),
     )
     gamma = calibration.gamma
-  totals["accepted_by_position"] = np.zeros((gamma,), np.int64)
+  totals = run_totals.RunTotals(gamma)
+  baseline_time = speculative_time = 0.0
   seen_shapes = set()
   for index, (batch, num_real) in enumerate(
       tqdm.tqdm(
@@ -294,77 +205,50 @@ def run(
           disable=not progress or jax.process_index() != 0,
       )
   ):
-    rng = jax.random.fold_in(jax.random.key(seed), index)
     placed = decoders.place_inputs(inputs_lib.trim(batch))
     # Each new input length compiles both decoders: untimed.
     warm_up = placed.shape not in seen_shapes
     seen_shapes.add(placed.shape)
-    base, seconds = timing.timed(
-        lambda: decoders.baseline(
-            placed, rng, max_decode_len=max_decode_len, config=config
-        ),
+    (base, spec), seconds = _decode_both(
+        decoders,
+        placed,
+        jax.random.fold_in(jax.random.key(seed), index),
         timing_repeats,
-        warm_up=warm_up,
+        warm_up,
+        gamma=gamma,
+        max_decode_len=max_decode_len,
+        config=config,
+        verifier=verifier,
+        draft_threshold=draft_threshold,
     )
-    baseline_time += seconds
-    spec, seconds = timing.timed(
-        lambda: decoders.speculative(
-            placed,
-            rng,
-            gamma=gamma,
-            max_decode_len=max_decode_len,
-            config=config,
-            verifier=verifier,
-            draft_threshold=draft_threshold,
-        ),
-        timing_repeats,
-        warm_up=warm_up,
-    )
-    speculative_time += seconds
-    base, spec = jax.device_get((base, spec))
-    real = slice(0, num_real)
-    totals["baseline_tokens"] += int(base.lengths[real].sum())
-    totals["speculative_tokens"] += int(spec.lengths[real].sum())
-    totals["target_calls"] += int(spec.target_calls[real].sum())
-    totals["drafted"] += int(spec.drafted_tokens[real].sum())
-    totals["accepted"] += int(spec.accepted_tokens[real].sum())
-    totals["beta"] += float(spec.beta_sum[real].sum())
-    totals["draft_calls"] += int(spec.draft_calls[real].sum())
-    blocks = acceptance.result_blocks(jax.tree.map(lambda x: x[real], spec))
-    totals["accepted_by_position"] += acceptance.rates_by_position(
-        (block for row_blocks in blocks for block in row_blocks), gamma
-    ).accepted
-    nonfinite = base.nonfinite[real] | spec.nonfinite[real]
-    totals["nonfinite_rows"] += int(nonfinite.sum())
-    rows = []
-    for row in range(num_real):
-      same = np.array_equal(base.sequences[row], spec.sequences[row])
-      totals["mismatches"] += int(not same)
-      rows.append(
-          {
-              "input": texts[index * batch_size + row],
-              "baseline": _text(vocabulary, base.sequences[row]),
-              "speculative": _text(vocabulary, spec.sequences[row]),
-              "identical": bool(same),
-              "nonfinite": bool(nonfinite[row]),
-          }
-      )
+    baseline_time += seconds[0]
+    speculative_time += seconds[1]
+    same, nonfinite = totals.add(base, spec, num_real)
     if writer is not None:
-      writer.add_rows(rows)
-    if totals["nonfinite_rows"] and not allow_nonfinite:
+      writer.add_rows(
+          _rows(
+              texts[index * batch_size : index * batch_size + num_real],
+              vocabulary,
+              base,
+              spec,
+              same,
+              nonfinite,
+          )
+      )
+    if totals.nonfinite_rows and not allow_nonfinite:
       if writer is not None:
         writer.close()
       raise _nonfinite_error(
-          totals["nonfinite_rows"], index * batch_size + num_real, output_dir
+          totals.nonfinite_rows, index * batch_size + num_real, output_dir
       )
 
-  costs = measure_step_costs(
+  costs = call_costs.measure(
       decoders,
       decoders.place_inputs(inputs_lib.trim(batches[0][0])),
       gamma,
       max_decode_len,
   )
-  results = _results(
+  results = run_totals.results(
       totals,
       baseline_time,
       speculative_time,
@@ -379,15 +263,78 @@ def run(
       draft_threshold=draft_threshold,
       gamma_policy="fixed" if calibration is None else "auto",
       calibration=None if calibration is None else calibration.to_json(),
-      draft_calls_per_target_call=(
-          totals["draft_calls"] / totals["target_calls"]
-      ),
+      draft_calls_per_target_call=totals.draft_calls / totals.target_calls,
   )
   if writer is not None:
     writer.finish(results, gin.operative_config_str())
     if progress:
       print(writer.summary())
   return results
+
+
+def _engine(mesh, draft, target_config, vocabulary, ngram_corpus,
+            replicate_draft):
+  """The run's target and draft, loaded onto `mesh`, as an engine.Engine."""
+  draft_rules = partitioning.rules(replicate_model=replicate_draft)
+  target = pair.load_model("target", mesh)
+  draft_model = draft_params = None
+  if draft == "t5":
+    loaded = pair.load_model("draft", mesh, draft_rules)
+    draft_model, draft_params = loaded.model, loaded.params
+  elif draft == "lookup":
+    draft_params = lookup.PromptLookup(target_config.vocab_size)
+  elif draft in ("unigram", "bigram"):
+    draft_params = engine.place_ngram(
+        ngram_params(
+            draft, ngram_corpus, vocabulary, target_config.vocab_size
+        ),
+        mesh,
+    )
+  return engine.Engine(
+      mesh,
+      target.model,
+      target.params,
+      draft_model,
+      draft_params,
+      draft_rules=draft_rules,
+  )
+
+
+def _decode_both(decoders, placed, rng, repeats, warm_up, **speculative):
+  """Both decoders on one batch, each timed (the median of `repeats`).
+
+  Returns:
+    ((baseline result, speculative result) on the host, (seconds, seconds)).
+  """
+  common = dict(
+      max_decode_len=speculative["max_decode_len"],
+      config=speculative["config"],
+  )
+  base, base_seconds = timing.timed(
+      lambda: decoders.baseline(placed, rng, **common),
+      repeats,
+      warm_up=warm_up,
+  )
+  spec, spec_seconds = timing.timed(
+      lambda: decoders.speculative(placed, rng, **speculative),
+      repeats,
+      warm_up=warm_up,
+  )
+  return jax.device_get((base, spec)), (base_seconds, spec_seconds)
+
+
+def _rows(texts, vocabulary, base, spec, same, nonfinite):
+  """outputs.jsonl's records of a batch's real rows (one per text)."""
+  return [
+      {
+          "input": text,
+          "baseline": _text(vocabulary, base.sequences[row]),
+          "speculative": _text(vocabulary, spec.sequences[row]),
+          "identical": bool(same[row]),
+          "nonfinite": bool(nonfinite[row]),
+      }
+      for row, text in enumerate(texts)
+  ]
 
 
 def _vocabulary(vocabulary):
@@ -436,66 +383,3 @@ def _check_vocabulary(vocabulary, target_config):
         f"the vocabulary has {vocabulary.vocab_size} ids, more than the "
         f"target's vocab_size {target_config.vocab_size}"
     )
-
-
-def _results(
-    totals,
-    baseline_time,
-    speculative_time,
-    costs,
-    gamma,
-    config,
-    num_examples,
-    num_truncated,
-):
-  """The report: what the paper measures, from a run's totals."""
-  drafted = max(totals["drafted"], 1)
-  calls = max(totals["target_calls"], 1)
-  alpha = totals["accepted"] / drafted
-  baseline_ms = 1e3 * baseline_time / totals["baseline_tokens"]
-  speculative_ms = 1e3 * speculative_time / totals["speculative_tokens"]
-  return {
-      "num_examples": num_examples,
-      "num_truncated": num_truncated,
-      "gamma": gamma,
-      "temperature": config.temperature,
-      "top_k": config.top_k,
-      "top_p": config.top_p,
-      "alpha": alpha,
-      "alpha_estimate": totals["beta"] / drafted,
-      "tokens_per_target_call": (
-          totals["speculative_tokens"] / totals["target_calls"]
-      ),
-      "expected_tokens_per_target_call": analysis.expected_tokens_per_call(
-          alpha, gamma
-      ),
-      "baseline_ms_per_token": baseline_ms,
-      "speculative_ms_per_token": speculative_ms,
-      "speedup": baseline_ms / speculative_ms,
-      "c": costs.c,
-      "target_step_ms": 1e3 * costs.target_step,
-      "target_verify_ms": 1e3 * costs.target_verify,
-      "draft_step_ms": 1e3 * costs.draft_step,
-      "predicted_speedup": analysis.walltime_improvement(alpha, gamma, costs.c),
-      "call_cost_speedup": analysis.call_cost_speedup(
-          totals["speculative_tokens"] / calls,
-          gamma,
-          costs.target_step,
-          costs.target_verify,
-          costs.draft_step,
-      ),
-      "optimal_gamma": analysis.optimal_gamma(alpha, costs.c),
-      "mismatches": totals["mismatches"] if config.greedy else None,
-      "nonfinite_rows": totals["nonfinite_rows"],
-      # vLLM's definitions: per target call (a block of drafts), the share
-      # of calls whose i-th draft was accepted, and 1 + accepted drafts.
-      "acceptance_rate_by_position": [
-          int(n) / calls for n in totals["accepted_by_position"]
-      ],
-      "mean_accepted_length": 1 + totals["accepted"] / calls,
-      "baseline_tokens": totals["baseline_tokens"],
-      "speculative_tokens": totals["speculative_tokens"],
-      "target_calls": totals["target_calls"],
-      "drafted_tokens": totals["drafted"],
-      "accepted_tokens": totals["accepted"],
-  }

@@ -1,0 +1,68 @@
+"""What one decode call of each model costs: the paper's c, and more.
+
+Theorem 3.8 needs c, a draft step's time over a target step's; the
+call-cost model (`analysis.call_cost_speedup`) also needs the target's
+(gamma+1)-token verify call, which costs one step only where the target is
+memory-bound.
+"""
+
+import dataclasses
+
+from spec_decode import partitioning
+from spec_decode import timing
+
+# Timed loops of decode calls when measuring c; the median counts.
+_STEP_REPEATS = 5
+
+
+def _call_seconds(decode_fn, cache, num_tokens, position):
+  return timing.seconds_per_call(
+      decode_fn, cache, num_tokens, position, repeats=_STEP_REPEATS
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+  """Measured times of single decode calls, in seconds.
+
+  Attributes:
+    target_step: the target on 1 token per row.
+    target_verify: the target on gamma + 1 tokens per row.
+    draft_step: the draft on 1 token per row.
+  """
+
+  target_step: float
+  target_verify: float
+  draft_step: float
+
+  @property
+  def c(self):
+    """The paper's cost ratio: a draft step over a target step."""
+    return self.draft_step / self.target_step
+
+
+def measure(decoders, inputs, gamma, max_decode_len):
+  """Times the target's 1- and (gamma+1)-token calls and a draft step.
+
+  Args:
+    decoders: an engine.Engine.
+    inputs: int32 [B, S] placed inputs.
+    gamma: tokens drafted per target call.
+    max_decode_len: most tokens per row; calls start at half of it, a
+      typical cache length during decoding.
+
+  Returns:
+    StepCosts.
+  """
+  capacity = max_decode_len + gamma + 1
+  position = max_decode_len // 2
+  target = decoders.setup("target", inputs, capacity)
+  draft = decoders.setup("draft", inputs, capacity)
+  with partitioning.active(decoders.mesh, decoders.target_rules):
+    return StepCosts(
+        target_step=_call_seconds(target.decode_fn, target.cache, 1, position),
+        target_verify=_call_seconds(
+            target.decode_fn, target.cache, gamma + 1, position
+        ),
+        draft_step=_call_seconds(draft.decode_fn, draft.cache, 1, position),
+    )

@@ -63,27 +63,19 @@ def _parse(bindings=()):
   )
 
 
-def _scorer(name, target, vocab, mesh):
-  """A Scorer of the target with draft `name`."""
+def _draft(name, target, vocab, mesh):
+  """(model, params) of draft `name` (model None for a draft with none)."""
   kind, size_file, path = DRAFTS[name]
   if kind == "lookup":
-    return teacher_forced.Scorer(
-        target.model, target.params, None,
-        lookup.PromptLookup(target.config.vocab_size), mesh,
-    )
+    return None, lookup.PromptLookup(target.config.vocab_size)
   if kind != "t5":
     ngram = compare.ngram_params(kind, path, vocab, target.config.vocab_size)
-    return teacher_forced.Scorer(
-        target.model, target.params, None, engine.place_ngram(ngram, mesh),
-        mesh,
-    )
+    return None, engine.place_ngram(ngram, mesh)
   _parse(
       [f"include 'draft:{size_file}'", f"draft/checkpoint_path.path = '{path}'"]
   )
   draft = pair.load_model("draft", mesh)
-  return teacher_forced.Scorer(
-      target.model, target.params, draft.model, draft.params, mesh
-  )
+  return draft.model, draft.params
 
 
 def _markdown(results, names):
@@ -111,7 +103,12 @@ def main(argv):
   vocab = vocabulary.bound_for_run()
   max_decode_len = gin_config.gin.query_parameter("run.max_decode_len")
   target = pair.load_model("target", mesh)
-  scorers = {name: _scorer(name, target, vocab, mesh) for name in names}
+  scorer = teacher_forced.Scorer(
+      target.model,
+      target.params,
+      {name: _draft(name, target, vocab, mesh) for name in names},
+      mesh,
+  )
   decoders = engine.Engine(mesh, target.model, target.params)
   results = {}
   for dataset, bindings in DATASETS.items():
@@ -126,7 +123,7 @@ def main(argv):
     for temperature in TEMPERATURES:
       _, betas, lengths = teacher_forced.betas_of(
           decoders,
-          scorers,
+          scorer,
           encoded.tokens,
           sampling.SamplingConfig(temperature),
           _BATCH_SIZE.value,

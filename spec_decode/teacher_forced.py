@@ -146,30 +146,40 @@ def output_tokens(texts, vocabulary, max_decode_len):
 
 
 class Scorer:
-  """Teacher-forced betas of a target and a draft, compiled once per config.
+  """Teacher-forced betas of a target with each of its drafts.
+
+  One compiled call per config scores a batch: the target's forward pass
+  once, then each draft's.
 
   Attributes:
     target_model, target_params: the target T5.
-    draft_model, draft_params: the draft T5; or None and a drafts.NgramModel.
+    drafts: {name: (model, params)}: a T5 draft and its parameters, or None
+      and a drafts.NgramModel or lookup.PromptLookup.
     mesh: the devices they are on.
   """
 
-  def __init__(self, target_model, target_params, draft_model, draft_params,
-               mesh):
+  def __init__(self, target_model, target_params, drafts, mesh):
     self.target_model, self.target_params = target_model, target_params
-    self.draft_model, self.draft_params = draft_model, draft_params
+    self.draft_models = {name: model for name, (model, _) in drafts.items()}
+    self.draft_params = {name: params for name, (_, params) in drafts.items()}
     self.mesh = mesh
 
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def _betas(self, target_params, draft_params, inputs, outputs, config):
-    return position_betas(
-        teacher_forced_logits(self.target_model, target_params, inputs,
-                              outputs),
-        teacher_forced_logits(self.draft_model, draft_params, inputs, outputs),
-        config,
+    target_logits = teacher_forced_logits(
+        self.target_model, target_params, inputs, outputs
     )
+    return {
+        name: position_betas(
+            target_logits,
+            teacher_forced_logits(model, draft_params[name], inputs, outputs),
+            config,
+        )
+        for name, model in self.draft_models.items()
+    }
 
   def __call__(self, inputs, outputs, config):
+    """{name: float32 [B, T] betas} of outputs [B, T] for inputs [B, S]."""
     with partitioning.active(self.mesh):
       return self._betas(
           self.target_params, self.draft_params, inputs, outputs, config
@@ -178,7 +188,7 @@ class Scorer:
 
 def betas_of(
     decoders,
-    scorers,
+    scorer,
     input_tokens,
     config,
     batch_size,
@@ -192,7 +202,7 @@ def betas_of(
 
   Args:
     decoders: an engine.Engine of the target (samples its outputs).
-    scorers: {name: Scorer} of the target with each draft.
+    scorer: a Scorer of the target with its drafts.
     input_tokens: int32 [N, S] encoded inputs.
     config: the SamplingConfig of the samples and of p and q.
     batch_size: rows per call.
@@ -205,7 +215,7 @@ def betas_of(
     (outputs int32 [N, T], {name: betas float32 [N, T]}, lengths int [N]).
   """
   outputs, lengths = [], []
-  betas = {name: [] for name in scorers}
+  betas = {name: [] for name in scorer.draft_models}
   batches = inputs_lib.batches(input_tokens, batch_size)
   for index, (batch, num_real) in enumerate(tqdm.tqdm(list(batches))):
     placed = decoders.place_inputs(batch)
@@ -223,8 +233,8 @@ def betas_of(
       rows = np.ones(batch_size, np.int64)
       tokens[:num_real] = references[0][start : start + num_real]
       rows[:num_real] = references[1][start : start + num_real]
-    for name, score in scorers.items():
-      betas[name].append(np.asarray(score(placed, tokens, config))[:num_real])
+    for name, value in scorer(placed, tokens, config).items():
+      betas[name].append(np.asarray(value)[:num_real])
     outputs.append(np.asarray(tokens)[:num_real])
     lengths.append(np.asarray(rows)[:num_real])
   return (
@@ -269,12 +279,14 @@ def measure(
   else:
     draft_model, draft_params = None, engine.place_ngram(model_free, mesh)
   decoders = engine.Engine(mesh, target.model, target.params)
-  score = Scorer(target.model, target.params, draft_model, draft_params, mesh)
+  scorer = Scorer(
+      target.model, target.params, {"draft": (draft_model, draft_params)}, mesh
+  )
   estimates = []
   for config in configs:
     _, betas, lengths = betas_of(
         decoders,
-        {"draft": score},
+        scorer,
         input_tokens,
         config,
         batch_size,

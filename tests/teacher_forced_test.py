@@ -87,9 +87,6 @@ class DemoPairTest(parameterized.TestCase):
     cls.both = engine.Engine(
         mesh, target.model, target.params, draft.model, draft.params
     )
-    cls.score = teacher_forced.Scorer(
-        target.model, target.params, draft.model, draft.params, mesh
-    )
     # A bigram draft counted over the test references: a draft with no
     # model, whose q reads only the token before.
     bigram = engine.place_ngram(
@@ -101,18 +98,25 @@ class DemoPairTest(parameterized.TestCase):
         ),
         mesh,
     )
-    cls.bigram_both = engine.Engine(
-        mesh, target.model, target.params, None, bigram
-    )
-    cls.bigram_score = teacher_forced.Scorer(
-        target.model, target.params, None, bigram, mesh
-    )
     prompt_lookup = lookup.PromptLookup(target.config.vocab_size)
-    cls.lookup_both = engine.Engine(
-        mesh, target.model, target.params, None, prompt_lookup
-    )
-    cls.lookup_score = teacher_forced.Scorer(
-        target.model, target.params, None, prompt_lookup, mesh
+    cls.loops = {
+        "t5": cls.both,
+        "bigram": engine.Engine(
+            mesh, target.model, target.params, None, bigram
+        ),
+        "lookup": engine.Engine(
+            mesh, target.model, target.params, None, prompt_lookup
+        ),
+    }
+    cls.scorer = teacher_forced.Scorer(
+        target.model,
+        target.params,
+        {
+            "t5": (draft.model, draft.params),
+            "bigram": (None, bigram),
+            "lookup": (None, prompt_lookup),
+        },
+        mesh,
     )
 
   @classmethod
@@ -145,17 +149,12 @@ class DemoPairTest(parameterized.TestCase):
     # target's greedy outputs so far: the teacher-forced context. At the
     # positions it judged (all but its bonus tokens), the betas here must be
     # its betas exactly: 0 or 1, summing to its accepted tokens.
-    score, decoders = {
-        "t5": (self.score, self.both),
-        "bigram": (self.bigram_score, self.bigram_both),
-        "lookup": (self.lookup_score, self.lookup_both),
-    }[draft]
     outputs, betas, lengths = teacher_forced.betas_of(
-        self.target_only, {draft: score}, self.tokens[:24], GREEDY, 8,
+        self.target_only, self.scorer, self.tokens[:24], GREEDY, 8,
         self.max_decode_len,
     )
     betas = betas[draft]
-    loop = self._loop(GREEDY, 24, 0, decoders)
+    loop = self._loop(GREEDY, 24, 0, self.loops[draft])
     np.testing.assert_array_equal(loop.sequences, outputs)
     np.testing.assert_array_equal(loop.lengths, lengths)
     judged = (loop.token_sources == speculative.ACCEPTED) | (
@@ -176,7 +175,7 @@ class DemoPairTest(parameterized.TestCase):
     # about 1 run of 2,000 if both are unbiased. Skipping the loop's bonus
     # positions biases it by far less than that error.
     _, betas, lengths = teacher_forced.betas_of(
-        self.target_only, {"t5": self.score}, self.tokens, SAMPLED, 16,
+        self.target_only, self.scorer, self.tokens, SAMPLED, 16,
         self.max_decode_len, seed=1,
     )
     mine = teacher_forced.estimate(betas["t5"], lengths, 1.0)

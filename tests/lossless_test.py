@@ -29,8 +29,8 @@ EOS_ID = 1
 MAX_DECODE_LEN = 3
 NUM_SAMPLES = 20_000
 CONTEXT = 7  # Every row decodes the same input, so samples are i.i.d.
-# The chi-square tests' level: with 71 cases, a false alarm in 1 suite run of
-# 1,400 under the null. (A residual drawn from the target instead of
+# The chi-square tests' level: with 63 cases, a false alarm in 1 suite run of
+# 1,600 under the null. (A residual drawn from the target instead of
 # max(0, p - q) gives p-values below 1e-30 here.)
 CHI_SQUARE_LEVEL = 1e-5
 # New tokens of the several-iterations cases (781 outcomes, 222 of them
@@ -196,6 +196,10 @@ class LosslessTest(parameterized.TestCase):
   ):
     if draft_kind == "none" and verifier_case != "token":
       self.skipTest("the baseline has no verifier")
+    if draft_kind == "lookup" and VERIFIER_CASES[verifier_case][1]:
+      # Its one-hot q never falls below a threshold < 1: the same runs as
+      # without early stop.
+      self.skipTest("prompt lookup never stops early")
     verifier, draft_threshold = VERIFIER_CASES[verifier_case]
     config = CONFIGS[config_name]
     target = _target()
@@ -230,10 +234,9 @@ class LosslessTest(parameterized.TestCase):
           verifier=verifier,
           draft_threshold=draft_threshold,
       )
-      if draft_threshold and gamma > 1 and draft_kind != "lookup":
+      if draft_threshold and gamma > 1:
         self.assertGreater(_early_bonus_tokens(result, gamma), 0)
-      if draft_kind == "lookup":  # A one-hot q: confident, often right.
-        self.assertEqual(_early_bonus_tokens(result, gamma), 0)
+      if draft_kind == "lookup":  # A one-hot q, often right.
         self.assertGreater(
             int(np.sum(result.accepted_tokens)), NUM_SAMPLES // 10
         )

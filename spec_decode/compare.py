@@ -272,8 +272,9 @@ def run(
   return results
 
 
-def _engine(mesh, draft, target_config, vocabulary, ngram_corpus,
-            replicate_draft):
+def _engine(
+    mesh, draft, target_config, vocabulary, ngram_corpus, replicate_draft
+):
   """The run's target and draft, loaded onto `mesh`, as an engine.Engine."""
   draft_rules = partitioning.rules(replicate_model=replicate_draft)
   target = pair.load_model("target", mesh)
@@ -285,9 +286,7 @@ def _engine(mesh, draft, target_config, vocabulary, ngram_corpus,
     draft_params = lookup.PromptLookup(target_config.vocab_size)
   elif draft in ("unigram", "bigram"):
     draft_params = engine.place_ngram(
-        ngram_params(
-            draft, ngram_corpus, vocabulary, target_config.vocab_size
-        ),
+        ngram_params(draft, ngram_corpus, vocabulary, target_config.vocab_size),
         mesh,
     )
   return engine.Engine(

@@ -126,12 +126,8 @@ def grow(source, init, head_dim):
   mlp = small[("decoder", "layers_0", "mlp", "wo", "kernel")].shape[0]
   big_mlp = large[("decoder", "layers_0", "mlp", "wo", "kernel")].shape[0]
   f_m = _factor(mlp, big_mlp, "the MLP width")
-  _check_same(
-      small[("decoder", "layers_0", "self_attention", "query", "kernel")]
-      .shape[1] // heads,
-      head_dim,
-      "the head width",
-  )
+  query = small[("decoder", "layers_0", "self_attention", "query", "kernel")]
+  _check_same(query.shape[1] // heads, head_dim, "the head width")
   for path in small:
     if path not in large:
       raise GrowthError(
@@ -142,7 +138,10 @@ def grow(source, init, head_dim):
   for path, leaf in large.items():
     if path in small:
       value = _grow_leaf(
-          path, np.asarray(small[path], np.float32), leaf, (f_d, f_h, f_m),
+          path,
+          np.asarray(small[path], np.float32),
+          leaf,
+          (f_d, f_h, f_m),
           head_dim,
       )
       _check_same(value.shape, leaf.shape, f"the grown shape of {path}")

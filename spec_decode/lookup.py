@@ -73,9 +73,7 @@ def _last_match(text, valid, key, key_len, max_ngram):
   """
   positions = jnp.arange(text.shape[0])
   # [N, L]: text[j - k] == key[k], False where j - k < 0.
-  shifted = jnp.stack(
-      [jnp.roll(text, k) for k in range(max_ngram)]
-  )  # [N, L]
+  shifted = jnp.stack([jnp.roll(text, k) for k in range(max_ngram)])  # [N, L]
   in_text = positions[None, :] >= jnp.arange(max_ngram)[:, None]
   equal = (shifted == key[:, None]) & in_text
   # [N, L]: the n-gram ending at j matches for n = k + 1.
@@ -102,13 +100,17 @@ def propose(source, output, end, max_ngram):
   source_len = jnp.sum(source != decoding.BOS_ID)
   in_output = _last_match(
       output,
-      (jnp.arange(output.shape[0]) >= 1) & (jnp.arange(output.shape[0]) < end - 1),
+      (jnp.arange(output.shape[0]) >= 1)
+      & (jnp.arange(output.shape[0]) < end - 1),
       key,
       key_len,
       max_ngram,
   )
   in_source = _last_match(
-      source, jnp.arange(source.shape[0]) < source_len - 1, key, key_len,
+      source,
+      jnp.arange(source.shape[0]) < source_len - 1,
+      key,
+      key_len,
       max_ngram,
   )
   # The longest n with a match; at equal n the output's (more recent) wins.

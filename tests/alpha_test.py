@@ -43,9 +43,10 @@ class AlphaCliTest(absltest.TestCase):
     done = _alpha(*_SELF_DRAFT, f"--output={tmp / 'alpha.json'}")
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
     rows = [line.split() for line in done.stdout.splitlines()[-2:]]
-    self.assertEqual([row[:3] for row in rows], [
-        ["0", "1.000", "0.0000"], ["1", "1.000", "0.0000"]
-    ])
+    self.assertEqual(
+        [row[:3] for row in rows],
+        [["0", "1.000", "0.0000"], ["1", "1.000", "0.0000"]],
+    )
     # Eq. 1 at alpha 1: gamma + 1 tokens per call.
     self.assertEqual(rows[0][-8:], [f"{g + 1:.2f}" for g in range(1, 9)])
     records = json.loads((tmp / "alpha.json").read_text())
@@ -59,7 +60,8 @@ class AlphaCliTest(absltest.TestCase):
     references = tmp / "refs.de"
     references.write_text("Ein Hund.\nZwei Katzen spielen.\n" * 3)
     done = _alpha(
-        f"--references={references}", "--temperatures=1",
+        f"--references={references}",
+        "--temperatures=1",
         f"--output={tmp / 'alpha.json'}",
     )
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
@@ -69,7 +71,9 @@ class AlphaCliTest(absltest.TestCase):
     self.assertEqual(record["sentences"], 6)
     self.assertBetween(record["alpha"], 0.05, 0.99)
     again = _alpha(
-        f"--references={references}", "--temperatures=1", "--seed=7",
+        f"--references={references}",
+        "--temperatures=1",
+        "--seed=7",
         f"--output={tmp / 'again.json'}",
     )
     (same,) = json.loads((tmp / "again.json").read_text())

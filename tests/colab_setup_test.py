@@ -130,7 +130,13 @@ class ColabSetupTest(parameterized.TestCase):
     wheels = self.dir / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
-        + ["--no-index", "--no-build-isolation", "-w", str(wheels), str(source)],
+        + [
+            "--no-index",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
         check=True,
         capture_output=True,
     )

@@ -48,9 +48,10 @@ def _trained_like(config, seed):
   params = t5.init_params(config, jax.random.key(seed))
   keys = iter(jax.random.split(jax.random.key(seed + 1), 100))
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: x * jax.random.uniform(next(keys), x.shape, minval=0.5,
-                                             maxval=1.5)
-      if path[-1].key == "scale" else x,
+      lambda path, x: x
+      * jax.random.uniform(next(keys), x.shape, minval=0.5, maxval=1.5)
+      if path[-1].key == "scale"
+      else x,
       params,
   )
 
@@ -102,7 +103,9 @@ class GrowTest(absltest.TestCase):
 
   def test_non_integer_factor_is_refused(self):
     odd = dataclasses.replace(LARGE, emb_dim=40)
-    with self.assertRaisesRegex(growth.GrowthError, "embedding width.*16 to 40"):
+    with self.assertRaisesRegex(
+        growth.GrowthError, "embedding width.*16 to 40"
+    ):
       growth.grow(
           _trained_like(SMALL, 0),
           t5.init_params(odd, jax.random.key(2)),

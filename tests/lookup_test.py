@@ -44,8 +44,7 @@ class ProposeTest(parameterized.TestCase):
     # Positions at and after `end` hold tokens of an earlier, longer
     # iteration; "3" followed by 6 must not be found there.
     output = jnp.array([0, 4, 3, 6, 0, 0])
-    self.assertEqual(int(lookup.propose(SOURCE, output.at[1].set(3), 2, 3)),
-                     1)
+    self.assertEqual(int(lookup.propose(SOURCE, output.at[1].set(3), 2, 3)), 1)
 
   def test_ngrams_longer_than_max_ngram_do_not_count(self):
     # With max_ngram 1 only the last token is the key: "7" was last followed

@@ -54,7 +54,9 @@ class FormulaTest(absltest.TestCase):
     self.assertEqual((result.positions, result.sentences), (5, 2))
     # Sentence sums 1 and 1.5 against alpha * n = 1 and 1.5: no spread.
     self.assertAlmostEqual(result.standard_error, 0.0)
-    spread = teacher_forced.estimate(np.array([[1.0, 1.0], [0.0, 0.0]]), [2, 2], 1.0)
+    spread = teacher_forced.estimate(
+        np.array([[1.0, 1.0], [0.0, 0.0]]), [2, 2], 1.0
+    )
     # Residuals +1, -1: sqrt(2 / (2 * 1)) / 2.
     self.assertAlmostEqual(spread.standard_error, 0.5)
 
@@ -138,9 +140,7 @@ class DemoPairTest(parameterized.TestCase):
           max_decode_len=self.max_decode_len,
           config=config,
       )
-      results.append(
-          jax.tree.map(lambda x: np.asarray(x)[:num_real], result)
-      )
+      results.append(jax.tree.map(lambda x: np.asarray(x)[:num_real], result))
     return jax.tree.map(lambda *x: np.concatenate(x), *results)
 
   @parameterized.parameters("t5", "bigram", "lookup")
@@ -150,7 +150,11 @@ class DemoPairTest(parameterized.TestCase):
     # positions it judged (all but its bonus tokens), the betas here must be
     # its betas exactly: 0 or 1, summing to its accepted tokens.
     outputs, betas, lengths = teacher_forced.betas_of(
-        self.target_only, self.scorer, self.tokens[:24], GREEDY, 8,
+        self.target_only,
+        self.scorer,
+        self.tokens[:24],
+        GREEDY,
+        8,
         self.max_decode_len,
     )
     betas = betas[draft]
@@ -175,8 +179,13 @@ class DemoPairTest(parameterized.TestCase):
     # about 1 run of 2,000 if both are unbiased. Skipping the loop's bonus
     # positions biases it by far less than that error.
     _, betas, lengths = teacher_forced.betas_of(
-        self.target_only, self.scorer, self.tokens, SAMPLED, 16,
-        self.max_decode_len, seed=1,
+        self.target_only,
+        self.scorer,
+        self.tokens,
+        SAMPLED,
+        16,
+        self.max_decode_len,
+        seed=1,
     )
     mine = teacher_forced.estimate(betas["t5"], lengths, 1.0)
     loop = self._loop(SAMPLED, len(self.tokens), 2)

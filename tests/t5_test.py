@@ -1,7 +1,9 @@
 """The T5 model: cached decoding against one teacher-forced pass, and both
 against transformers' PyTorch T5, in float32."""
 
+import dataclasses
 import functools
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -244,6 +246,50 @@ class ParamTreeTest(absltest.TestCase):
     shapes = t5.param_shapes(_config("t5_1_0"))
     self.assertNotIn("logits_dense", shapes["decoder"])
     self.assertEqual(set(shapes["encoder"]["layers_0"]["mlp"]), {"wi", "wo"})
+
+
+class LogitsDtypeTest(parameterized.TestCase):
+  """Float32 logits from bfloat16 weights, with no float32 copy of them."""
+
+  def test_widening_dot_accumulates_exact_products_in_float32(self):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 64)), jnp.bfloat16)
+    kernel = jnp.asarray(rng.normal(size=(64, 97)), jnp.bfloat16)
+    want = np.asarray(x, np.float64) @ np.asarray(kernel, np.float64)
+    got = layers.widening_dot(x, kernel, jnp.float32)
+    self.assertEqual(got.dtype, jnp.float32)
+    # Exact products summed in float32: far below one bfloat16 rounding.
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4)
+    # A float32 input keeps its precision: the bfloat16 kernel widens.
+    x32 = jnp.asarray(rng.normal(size=(3, 64)), jnp.float32)
+    want32 = np.asarray(x32, np.float64) @ np.asarray(kernel, np.float64)
+    got32 = layers.widening_dot(x32, kernel, jnp.float32)
+    np.testing.assert_allclose(got32, want32, rtol=0, atol=1e-4)
+
+  @parameterized.parameters("t5_1_1", "t5_1_0")
+  def test_bfloat16_decode_copies_no_logits_weights_to_float32(self, family):
+    config = dataclasses.replace(_config(family), dtype="bfloat16")
+    model = t5.Transformer(config)
+    params = jax.tree.map(
+        lambda a: a.astype(jnp.bfloat16),
+        t5.init_params(config, jax.random.key(0)),
+    )
+    inputs = jnp.ones((2, 5), jnp.int32)
+    encoded = model.apply({"params": params}, inputs, method=model.encode)
+    cache = model.apply(
+        {"params": params}, encoded, inputs, 8, method=model.init_cache
+    )
+    tokens = jnp.zeros((2, 3), jnp.int32)
+    logits, _ = _jitted_decode(model)(params, tokens, cache)
+    self.assertEqual(logits.dtype, jnp.float32)
+    text = _jitted_decode(model).lower(params, tokens, cache).as_text()
+    widened = [
+        line
+        for line in text.splitlines()
+        if "stablehlo.convert" in line
+        and re.search(r"tensor<(16x97|97x16)xbf16>", line)
+    ]
+    self.assertEqual(widened, [])
 
 
 class TorchReferenceTest(parameterized.TestCase):

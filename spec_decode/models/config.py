@@ -34,10 +34,12 @@ class T5Config:
       norms and attention softmax stay in float32. 'auto' takes the
       checkpoint's stored dtype (`pair.model_config` resolves it: bfloat16
       for a Hugging Face checkpoint stored in bfloat16, else float32).
-    logits_dtype: the dtype of the logits projection (T5 1.1's
-      `logits_dense`: its inputs, kernel and accumulation); 'float32' by
-      default whatever `dtype` is. 'bfloat16' exists to measure what float32
-      logits buy (see the README's known limits).
+    logits_dtype: the dtype of T5 1.1's `logits_dense` output; 'float32'
+      by default whatever `dtype` is, accumulated in float32 from the
+      weights as stored (bfloat16 weights are not copied to float32; T5
+      1.0's logits via the embedding are the same). 'bfloat16' computes in
+      bfloat16; it exists to measure what float32 logits buy (see the
+      README's known limits).
   """
 
   vocab_size: int = gin.REQUIRED

@@ -52,8 +52,31 @@ class RmsNorm(nn.Module):
     return (x * scale.astype(jnp.float32)).astype(self.dtype)
 
 
+def widening_dot(x, kernel, out_dtype):
+  """x [..., K] @ kernel [K, N] -> out_dtype [..., N], widening only if needed.
+
+  The dot runs in the wider of the two operands' dtypes (only the narrower
+  one is cast) and accumulates in out_dtype (`preferred_element_type`):
+  bfloat16 activations against bfloat16 weights give float32 logits from
+  bfloat16 operands, whose products are exact in float32, with no float32
+  copy of the weights.
+  """
+  dtype = jnp.promote_types(x.dtype, kernel.dtype)
+  return jnp.dot(
+      x.astype(dtype), kernel.astype(dtype), preferred_element_type=out_dtype
+  )
+
+
 class Dense(nn.Module):
-  """A bias-free projection of the last axis, with a 2-D named kernel."""
+  """A bias-free projection of the last axis, with a 2-D named kernel.
+
+  Attributes:
+    dtype: the dot's operand and output dtype.
+    widening_to: if set, the dot instead runs in the wider of the input's and
+      the kernel's dtypes and accumulates in (and returns) this dtype
+      (`widening_dot`): the logits projection's float32 from bfloat16
+      weights.
+  """
 
   features: int
   kernel_axes: tuple[str, str]
@@ -61,6 +84,7 @@ class Dense(nn.Module):
   kernel_init: Any = nn.initializers.variance_scaling(
       1.0, "fan_in", "truncated_normal"
   )
+  widening_to: DType | None = None
 
   @nn.compact
   def __call__(self, x):
@@ -70,6 +94,8 @@ class Dense(nn.Module):
         (x.shape[-1], self.features),
         jnp.float32,
     )
+    if self.widening_to is not None:
+      return widening_dot(x, kernel, self.widening_to)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
@@ -94,7 +120,7 @@ class Embed(nn.Module):
 
   def attend(self, x):
     """Logits of x [..., features] against every embedding, in float32."""
-    return jnp.dot(x.astype(jnp.float32), self.embedding.T.astype(jnp.float32))
+    return widening_dot(x, self.embedding.T, jnp.float32)
 
 
 def relative_position_bucket(

@@ -222,9 +222,14 @@ class Decoder(nn.Module):
     self.decoder_norm = layers.RmsNorm(cfg.activation_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
-      # Logits in float32 (by default) for stable softmax and sampling.
+      # Logits in float32 (by default) for stable softmax and sampling,
+      # accumulated from the kernel as stored: no float32 copy of it.
+      logits_dtype = jnp.dtype(cfg.logits_dtype)
       self.logits_dense = layers.Dense(
-          cfg.vocab_size, ("embed", "vocab"), jnp.dtype(cfg.logits_dtype)
+          cfg.vocab_size,
+          ("embed", "vocab"),
+          logits_dtype,
+          widening_to=logits_dtype if logits_dtype == jnp.float32 else None,
       )
 
   def cross_key_values(self, encoded):

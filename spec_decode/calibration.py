@@ -112,8 +112,7 @@ def calibrate(
 
   capacity = max_decode_len + max_gamma + 1
   position = max_decode_len // 2
-  target = decoders.setup("target", batches[0], capacity)
-  draft = decoders.setup("draft", batches[0], capacity)
+  target, draft = decoders.setup_pair(batches[0], capacity)
 
   def seconds(model, num_tokens):
     return timing.seconds_per_call(

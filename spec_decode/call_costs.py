@@ -56,8 +56,7 @@ def measure(decoders, inputs, gamma, max_decode_len):
   """
   capacity = max_decode_len + gamma + 1
   position = max_decode_len // 2
-  target = decoders.setup("target", inputs, capacity)
-  draft = decoders.setup("draft", inputs, capacity)
+  target, draft = decoders.setup_pair(inputs, capacity)
   with partitioning.active(decoders.mesh, decoders.target_rules):
     return StepCosts(
         target_step=_call_seconds(target.decode_fn, target.cache, 1, position),

@@ -98,8 +98,9 @@ class Engine:
   ):
     """`speculative.speculative_decode` of the pair on placed inputs."""
     capacity = max_decode_len + gamma + 1
-    target_fn, target_cache = self.setup("target", inputs, capacity)
-    draft_fn, draft_cache = self.setup("draft", inputs, capacity)
+    (target_fn, target_cache), (draft_fn, draft_cache) = self.setup_pair(
+        inputs, capacity
+    )
     args = (target_fn, draft_fn, target_cache, draft_cache)
     args += (self._place_key(rng),)
     return self._loop(
@@ -125,8 +126,6 @@ class Engine:
       The Draft (decode function and empty cache).
     """
     if which == "target" or self.draft_params is None:
-      # The target as its own draft gets a cache of its own, so that the
-      # loop can donate both.
       return drafts.Draft(
           t5.make_decode_fn(self.target_model, self.target_params),
           self._t5_cache("target", inputs, capacity),
@@ -142,6 +141,22 @@ class Engine:
         t5.make_decode_fn(self.draft_model, self.draft_params),
         self._t5_cache("draft", inputs, capacity),
     )
+
+  def setup_pair(self, inputs, capacity):
+    """The target's and the draft's `setup`, encoding the inputs once each.
+
+    The target as its own draft gets a copy of the target's fresh cache (the
+    loop donates both caches, so they cannot share buffers) instead of a
+    second pass of the target's encoder.
+
+    Returns:
+      (target Draft, draft Draft).
+    """
+    target = self.setup("target", inputs, capacity)
+    if self.draft_params is not None:
+      return target, self.setup("draft", inputs, capacity)
+    copy = jax.tree.map(lambda array: array.copy(), target.cache)
+    return target, drafts.Draft(target.decode_fn, copy)
 
   def _t5_cache(self, which, inputs, capacity):
     model, params, rules = (

@@ -201,6 +201,49 @@ class ShardedDecodingTest(parameterized.TestCase):
     for leaf in jax.tree.leaves(decoders.target_params):
       self.assertFalse(leaf.is_deleted())
 
+  def test_target_as_its_own_draft_encodes_once(self):
+    mesh = partitioning.make_mesh(model_parallel=4, num_devices=8)
+    decoders = engine.Engine(
+        mesh,
+        t5.Transformer(TARGET),
+        engine.place_params(
+            self.params,
+            t5.param_logical_axes(TARGET),
+            mesh,
+            partitioning.rules(),
+        ),
+    )
+    placed = decoders.place_inputs(self.inputs)
+    with mock.patch.object(
+        engine.Engine,
+        "_t5_cache",
+        autospec=True,
+        side_effect=engine.Engine._t5_cache,  # pylint: disable=protected-access
+    ) as encode:
+      target, draft = decoders.setup_pair(placed, 16)
+    encode.assert_called_once()
+    for mine, theirs in zip(
+        jax.tree.leaves(target.cache), jax.tree.leaves(draft.cache)
+    ):
+      np.testing.assert_array_equal(mine, theirs)
+      self.assertEqual(mine.sharding, theirs.sharding)
+      # Separate buffers: the loop donates both caches.
+      self.assertNotEqual(
+          mine.addressable_shards[0].data.unsafe_buffer_pointer(),
+          theirs.addressable_shards[0].data.unsafe_buffer_pointer(),
+      )
+    # Every drafted token is the target's own: greedy, all accepted.
+    config = sampling.SamplingConfig(0.0)
+    rng = jax.random.key(3)
+    baseline = decoders.baseline(
+        placed, rng, max_decode_len=MAX_DECODE_LEN, config=config
+    )
+    spec = decoders.speculative(
+        placed, rng, gamma=GAMMA, max_decode_len=MAX_DECODE_LEN, config=config
+    )
+    np.testing.assert_array_equal(spec.sequences, baseline.sequences)
+    np.testing.assert_array_equal(spec.accepted_tokens, spec.drafted_tokens)
+
   def test_indivisible_axis_is_a_one_line_error(self):
     mesh = partitioning.make_mesh(model_parallel=8)
     config = t5.T5Config(vocab_size=64, emb_dim=8, num_heads=2, head_dim=4)

@@ -69,12 +69,19 @@ def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
         greedy_tokens(logits), logits.shape[-1], dtype=jnp.float32
     )
   logits = logits / config.temperature
-  if 0 < config.top_k < logits.shape[-1]:
+  bounded = 0 < config.top_k < logits.shape[-1]
+  if bounded:
     kth_largest = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
     logits = jnp.where(logits >= kth_largest, logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
   if config.top_p < 1:
-    sorted_probs = -jnp.sort(-probs, axis=-1)  # [..., V], descending
+    if bounded:
+      # The nucleus lies within the top k: their descending probabilities
+      # [..., k] are all it needs (a token tied with the k-th has its
+      # probability), with no sort of the vocabulary.
+      sorted_probs = jax.lax.top_k(probs, config.top_k)[0]
+    else:
+      sorted_probs = -jnp.sort(-probs, axis=-1)  # [..., V], descending
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
     # The least probable kept token: the last one whose predecessors hold less
     # than top_p. The first token always qualifies, so the min is positive.

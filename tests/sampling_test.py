@@ -56,6 +56,26 @@ class LogitsToProbsTest(parameterized.TestCase):
           probs[:, t], sampling.logits_to_probs(logits[:, t], config)
       )
 
+  @parameterized.parameters(0.5, 0.9, 0.999)
+  def test_top_p_under_top_k_sorts_only_k(self, top_p):
+    # Ties at the k-th logit: the nucleus may reach past k tokens.
+    logits = jnp.round(jax.random.normal(jax.random.key(2), (6, 300)), 1)
+    config = sampling.SamplingConfig(0.8, 7, top_p)
+    probs = sampling.logits_to_probs(logits, config)
+    np.testing.assert_allclose(
+        probs, _reference_probs(logits, 0.8, 7, top_p), atol=1e-6
+    )
+    top_k_only = sampling.logits_to_probs(
+        logits, sampling.SamplingConfig(0.8, 7)
+    )
+    self.assertTrue(np.any(np.sum(top_k_only > 0, axis=-1) > 7))
+    text = (
+        jax.jit(sampling.logits_to_probs, static_argnums=1)
+        .lower(logits, config)
+        .as_text()
+    )
+    self.assertNotIn("sort", text)
+
   def test_top_k_keeps_exactly_k_without_ties(self):
     logits = jax.random.normal(jax.random.key(1), (2, 5, 12))
     probs = sampling.logits_to_probs(logits, sampling.SamplingConfig(top_k=4))

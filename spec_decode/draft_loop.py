@@ -1,6 +1,7 @@
 """Step 1 of a speculative iteration: the draft proposes its tokens.
 
-Up to gamma draft calls, inside the decoding loop's jitted body. With a
+Up to gamma draft calls, inside the decoding loop's jitted body: unrolled,
+or with a confidence threshold a `lax.while_loop` that can stop early. With a
 confidence threshold (adaptive draft length, as Hugging Face's
 `assistant_confidence_threshold`), each row stops proposing after its first
 draft whose confidence is below the threshold, and the draft stops calling
@@ -125,5 +126,11 @@ def propose(
     logits, cache = draft_fn(last, state.cache)
     return add(state.replace(cache=cache), logits[:, 0])
 
-  state = jax.lax.while_loop(cond_fn, body_fn, state)
+  if threshold > 0:
+    state = jax.lax.while_loop(cond_fn, body_fn, state)
+  else:
+    # Every row drafts gamma tokens (the iteration runs only while a row is
+    # live), so the calls are unrolled: no loop on the device, static indices.
+    for _ in range(gamma - 1):
+      state = body_fn(state)
   return state.tokens, state.probs, state.num_drafted, state.step, state.cache

@@ -437,6 +437,35 @@ class CountingTest(parameterized.TestCase):
       # Rows finish apart, so done rows run along within the capacity.
       self.assertGreater(len(set(np.asarray(result.lengths))), 1)
 
+  @parameterized.parameters((0.0, 4), (0.5, 2))
+  def test_draft_steps_unrolled_unless_they_can_stop_early(
+      self, draft_threshold, traced_calls
+  ):
+    # Traced draft calls: gamma unrolled, or the first and a loop body.
+    target = fake_models.random_model(2, VOCAB_SIZE)
+    contexts = fake_models.context_ids(2, seed=5)
+    cache = target.init_cache(contexts, 12)
+    calls = []
+
+    def draft_fn(tokens, draft_cache):
+      calls.append(tokens.shape)
+      return target(tokens, draft_cache)
+
+    jax.jit(
+        lambda target_cache, draft_cache: speculative.speculative_decode(
+            target,
+            draft_fn,
+            target_cache,
+            draft_cache,
+            jax.random.key(0),
+            gamma=4,
+            max_decode_len=7,
+            config=sampling.SamplingConfig(),
+            draft_threshold=draft_threshold,
+        ).sequences
+    ).lower(cache, cache)
+    self.assertLen(calls, traced_calls)
+
   def test_eos_accepted_mid_block_ends_the_row(self):
     target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=2.0)
     contexts = fake_models.context_ids(8)

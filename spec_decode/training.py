@@ -31,7 +31,9 @@ import optax
 import tqdm
 
 from spec_decode import data
+from spec_decode import distillation
 from spec_decode import growth
+from spec_decode import pair
 
 # Registers the optimizers and schedules that train.optimizer names in gin.
 from spec_decode import optimizers  # pylint: disable=unused-import
@@ -110,36 +112,69 @@ def _logits(model, params, batch, dropout_rng=None):
   )
 
 
-def train_step(state, batch, *, model, optimizer, dropout_seed, z_loss):
+def train_step(
+    state,
+    batch,
+    teacher_params=None,
+    *,
+    model,
+    optimizer,
+    dropout_seed,
+    z_loss,
+    teacher=None,
+    distill=None,
+):
   """One optimizer update on a batch.
 
   Args:
     state: a TrainState.
     batch: the `data.batches` features, int32 [B, S] and [B, T].
+    teacher_params: the teacher's parameters when distilling, else None.
     model: a t5.Transformer.
     optimizer: an optax.GradientTransformation.
     dropout_seed: int; the step's dropout key is fold_in(key(seed), step).
     z_loss: see `cross_entropy`.
+    teacher: the teacher's t5.Transformer when distilling, else None.
+    distill: a `distillation.Distillation` when distilling, else None: the
+      loss is then its divergence from the teacher's distributions (frozen,
+      without dropout), plus its cross_entropy_weight times the cross-entropy.
 
   Returns:
     The updated TrainState, and float32 [] metrics: 'loss' (mean per target
     token, z-loss included), 'z_loss', 'accuracy' (of the argmax) and
-    'grad_norm' (before clipping).
+    'grad_norm' (before clipping); when distilling also 'divergence' (mean
+    per target token).
   """
   dropout_rng = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
   weights = batch["decoder_loss_weights"]
   num_tokens = jnp.maximum(jnp.sum(weights), 1).astype(jnp.float32)
+  if distill is not None:
+    teacher_logits = jax.lax.stop_gradient(
+        _logits(teacher, teacher_params, batch)
+    )
 
   def loss_fn(params):
     logits = _logits(model, params, batch, dropout_rng)
     loss, z_term, correct = cross_entropy(
         logits, batch["decoder_target_tokens"], weights, z_loss
     )
-    return loss / num_tokens, (z_term, correct)
+    aux = {"z_loss": z_term, "correct": correct}
+    if distill is not None:
+      aux["divergence"] = distillation.divergence(
+          logits,
+          teacher_logits,
+          weights,
+          distill.divergence,
+          distill.temperature,
+      )
+      loss = (
+          distill.cross_entropy_weight * (loss - z_term)
+          + z_term
+          + aux["divergence"]
+      )
+    return loss / num_tokens, aux
 
-  (loss, (z_term, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      state.params
-  )
+  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   state = state.replace(
       step=state.step + 1,
@@ -148,24 +183,38 @@ def train_step(state, batch, *, model, optimizer, dropout_seed, z_loss):
   )
   metrics = {
       "loss": loss,
-      "z_loss": z_term / num_tokens,
-      "accuracy": correct / num_tokens,
+      "z_loss": aux["z_loss"] / num_tokens,
+      "accuracy": aux["correct"] / num_tokens,
       "grad_norm": optax.tree.norm(grads),
   }
+  if distill is not None:
+    metrics["divergence"] = aux["divergence"] / num_tokens
   return state, metrics
 
 
-def eval_step(params, batch, *, model):
-  """Sums over a batch without dropout: float32 [] loss, tokens, correct."""
+def eval_step(params, batch, teacher_params=None, *, model, teacher=None):
+  """Sums over a batch without dropout: float32 [] loss, tokens, correct.
+
+  With a teacher (and its params), also the sums of each of
+  `distillation.DIVERGENCES` from its distributions at temperature 1.
+  """
   weights = batch["decoder_loss_weights"]
+  logits = _logits(model, params, batch)
   loss, _, correct = cross_entropy(
-      _logits(model, params, batch), batch["decoder_target_tokens"], weights
+      logits, batch["decoder_target_tokens"], weights
   )
-  return {
+  sums = {
       "loss": loss,
       "tokens": jnp.sum(weights).astype(jnp.float32),
       "correct": correct,
   }
+  if teacher is not None:
+    teacher_logits = _logits(teacher, teacher_params, batch)
+    for kind in distillation.DIVERGENCES:
+      sums[kind] = distillation.divergence(
+          logits, teacher_logits, weights, kind
+      )
+  return sums
 
 
 def _pad_batch(batch, batch_size):
@@ -175,7 +224,7 @@ def _pad_batch(batch, batch_size):
 
 
 def evaluate(eval_fn, params, batches, batch_size):
-  """Mean per-token loss and accuracy over every batch (no z-loss).
+  """Mean per-token loss, accuracy and divergences over every batch.
 
   Args:
     eval_fn: the jitted `eval_step`, (params, batch) -> sums.
@@ -184,7 +233,8 @@ def evaluate(eval_fn, params, batches, batch_size):
     batch_size: B; shorter batches are padded to it.
 
   Returns:
-    {'loss': float, 'accuracy': float, 'tokens': int}.
+    {'loss': float, 'accuracy': float, 'tokens': int}, no z-loss, and the
+    mean of each divergence `eval_fn` sums.
   """
   totals = None
   for batch in batches:
@@ -192,11 +242,10 @@ def evaluate(eval_fn, params, batches, batch_size):
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   totals = jax.device_get(totals)
   tokens = max(float(totals["tokens"]), 1.0)
-  return {
-      "loss": float(totals["loss"]) / tokens,
-      "accuracy": float(totals["correct"]) / tokens,
-      "tokens": int(totals["tokens"]),
-  }
+  means = {k: float(v) / tokens for k, v in totals.items() if k != "correct"}
+  means["accuracy"] = float(totals["correct"]) / tokens
+  means["tokens"] = int(totals["tokens"])
+  return means
 
 
 def _append_metrics(path, record):
@@ -208,6 +257,39 @@ def _means(metrics):
   """Per-key means of a list of dicts of float32 [] device arrays."""
   stacked = jax.tree.map(lambda *x: jnp.stack(x), *metrics)
   return {k: float(np.mean(v)) for k, v in jax.device_get(stacked).items()}
+
+
+def _step_functions(model, optimizer, seed, z_loss, distill):
+  """The jitted train step, (state, batch), and eval step, (params, batch).
+
+  When distilling, the teacher configured under the gin scope 'teacher' is
+  loaded here; its params are passed to both steps as arguments, not traced
+  in as constants.
+  """
+  teacher_model, teacher_params = None, None
+  if distill is not None:
+    teacher = pair.load_model("teacher")
+    pair.check_same_vocab(teacher.config, model.config)
+    teacher_model, teacher_params = teacher.model, teacher.params
+  train_jit = jax.jit(
+      functools.partial(
+          train_step,
+          model=model,
+          optimizer=optimizer,
+          dropout_seed=seed,
+          z_loss=z_loss,
+          teacher=teacher_model,
+          distill=distill,
+      ),
+      donate_argnums=0,
+  )
+  eval_jit = jax.jit(
+      functools.partial(eval_step, model=model, teacher=teacher_model)
+  )
+  return (
+      lambda state, batch: train_jit(state, batch, teacher_params),
+      lambda params, batch: eval_jit(params, batch, teacher_params),
+  )
 
 
 @gin.configurable(denylist=["model_config"])
@@ -232,6 +314,7 @@ def train(
     export_dtype="float32",
     init_from=None,
     init_from_config=None,
+    distill=None,
 ):
   """Trains (or resumes training) a T5 on a seqio task.
 
@@ -262,6 +345,9 @@ def train(
       `model_config` by `growth.grown_params` (same logits, then trained);
       None starts from random weights. Ignored when resuming.
     init_from_config: the T5Config of `init_from`'s model.
+    distill: a `distillation.Distillation` to train on the distributions of
+      the teacher (the model under the gin scope 'teacher'), see
+      `distillation.py`; None trains on the batches' tokens alone.
 
   Returns:
     The final TrainState.
@@ -277,17 +363,7 @@ def train(
       manager, init_state(model_config, optimizer, rng, params)
   )
   start_step = int(state.step)
-  step_fn = jax.jit(
-      functools.partial(
-          train_step,
-          model=model,
-          optimizer=optimizer,
-          dropout_seed=seed,
-          z_loss=z_loss,
-      ),
-      donate_argnums=0,
-  )
-  eval_fn = jax.jit(functools.partial(eval_step, model=model))
+  step_fn, eval_fn = _step_functions(model, optimizer, seed, z_loss, distill)
   # A resumed run reshuffles with a seed of its own, rather than replaying
   # the batches already seen.
   train_batches = data.batches(

@@ -167,7 +167,7 @@ def run(
   target_config = pair.model_config("target")
   _check_vocabulary(vocabulary, target_config)
   if draft == "t5":
-    pair.check_same_vocab(target_config, pair.model_config("draft"))
+    pair.check_pair(target_config, pair.model_config("draft"))
   mesh = partitioning.make_mesh()
   if batch_size % mesh.shape["data"]:
     raise ValueError(

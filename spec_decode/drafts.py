@@ -5,7 +5,8 @@ the target; `speculative_decode` samples from it with the target's own
 `SamplingConfig`. Three kinds:
 
 - a smaller T5 (`t5_draft`): its bound decode function and cache, set up as
-  for the target;
+  for the target; a shared-encoder T5 draft has no encoder and reads the
+  target's encoding (`shared_encoder_caches`);
 - n-gram models counted over a token corpus (`count_unigrams`,
   `count_bigrams`), whose "cache" is only the lengths (Leviathan et al., 2023,
   Table 3 reports alpha 0.07-0.13 for unigram and 0.16-0.23 for bigram drafts);
@@ -183,12 +184,77 @@ def t5_cache(
   Returns:
     The cache, with lengths 0.
   """
-  variables = {"params": params}
   encoded = model.apply(
-      variables, encoder_input_tokens, method=t5.Transformer.encode
+      {"params": params}, encoder_input_tokens, method=t5.Transformer.encode
   )
+  return empty_cache(model, params, encoded, encoder_input_tokens, max_length)
+
+
+def shared_encoder_caches(
+    target_model: t5.Transformer,
+    target_params: Any,
+    draft_model: t5.Transformer,
+    draft_params: Any,
+    encoder_input_tokens: jax.Array,
+    max_length: int,
+) -> tuple[t5.DecodeCache, t5.DecodeCache]:
+  """The target's and a shared-encoder draft's empty caches, one encoding.
+
+  The target encodes the inputs once; the draft's cross-attention reads that
+  encoding through its projection (`t5.Transformer.encode`).
+
+  Args:
+    target_model: The target T5, with its own encoder.
+    target_params: Its parameters.
+    draft_model: A T5 whose config has shared_encoder_dim = the target's
+      emb_dim.
+    draft_params: Its parameters.
+    encoder_input_tokens: int32 [B, S] inputs, 0 for padding.
+    max_length: Both caches' capacity.
+
+  Returns:
+    (target cache, draft cache), with lengths 0.
+  """
+  encoded = target_model.apply(
+      {"params": target_params},
+      encoder_input_tokens,
+      method=t5.Transformer.encode,
+  )  # [B, S, E_target]
+  draft_encoded = draft_model.apply(
+      {"params": draft_params},
+      encoder_input_tokens,
+      target_encoded=encoded,
+      method=t5.Transformer.encode,
+  )  # [B, S, E_draft]
+  return (
+      empty_cache(
+          target_model, target_params, encoded, encoder_input_tokens, max_length
+      ),
+      empty_cache(
+          draft_model,
+          draft_params,
+          draft_encoded,
+          encoder_input_tokens,
+          max_length,
+      ),
+  )
+
+
+def empty_cache(model, params, encoded, encoder_input_tokens, max_length):
+  """An empty cache (lengths 0) whose cross-attention reads `encoded`.
+
+  Args:
+    model: the T5 that decodes from this cache.
+    params: its parameters.
+    encoded: [B, S, E] its `encode` of the inputs.
+    encoder_input_tokens: int32 [B, S] inputs, 0 for padding.
+    max_length: the cache's capacity, in decoder positions.
+
+  Returns:
+    The t5.DecodeCache.
+  """
   return model.apply(
-      variables,
+      {"params": params},
       encoded,
       encoder_input_tokens,
       max_length,

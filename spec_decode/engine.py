@@ -137,6 +137,11 @@ class Engine:
     if self.draft_model is None:
       ngram = self.draft_params
       return drafts.Draft(ngram, self._ngram_cache(inputs.shape[0]))
+    if self.draft_model.config.shared_encoder_dim:
+      raise ValueError(
+          "a shared-encoder draft reads its target's encoding: set it up "
+          "with setup_pair"
+      )
     return drafts.Draft(
         t5.make_decode_fn(self.draft_model, self.draft_params),
         self._t5_cache("draft", inputs, capacity),
@@ -147,11 +152,27 @@ class Engine:
 
     The target as its own draft gets a copy of the target's fresh cache (the
     loop donates both caches, so they cannot share buffers) instead of a
-    second pass of the target's encoder.
+    second pass of the target's encoder. A shared-encoder draft's cache is
+    made from the target's encoding, in one call.
 
     Returns:
       (target Draft, draft Draft).
     """
+    if (
+        self.draft_model is not None
+        and self.draft_model.config.shared_encoder_dim
+    ):
+      target_cache, draft_cache = self._shared_encoder_caches(inputs, capacity)
+      return (
+          drafts.Draft(
+              t5.make_decode_fn(self.target_model, self.target_params),
+              target_cache,
+          ),
+          drafts.Draft(
+              t5.make_decode_fn(self.draft_model, self.draft_params),
+              draft_cache,
+          ),
+      )
     target = self.setup("target", inputs, capacity)
     if self.draft_params is not None:
       return target, self.setup("draft", inputs, capacity)
@@ -175,6 +196,36 @@ class Engine:
       _COMPILED[key] = jax.jit(make, out_shardings=out_shardings)
     with partitioning.active(self.mesh, rules):
       return _COMPILED[key](params, inputs)
+
+  def _shared_encoder_caches(self, inputs, capacity):
+    """Traced under the target's rules; each cache placed by its own."""
+    key = ("shared_caches", self.mesh, self.target_rules, self.draft_rules)
+    key += (self.target_model, self.draft_model, inputs.shape, capacity)
+    if key not in _COMPILED:
+      make = functools.partial(
+          drafts.shared_encoder_caches,
+          self.target_model,
+          draft_model=self.draft_model,
+          max_length=capacity,
+      )
+      with partitioning.active(self.mesh, self.target_rules):
+        shapes = jax.eval_shape(
+            make,
+            self.target_params,
+            draft_params=self.draft_params,
+            encoder_input_tokens=inputs,
+        )
+      out_shardings = tuple(
+          partitioning.shardings(shape, shape.logical_axes(), self.mesh, rules)
+          for shape, rules in zip(shapes, (self.target_rules, self.draft_rules))
+      )
+      _COMPILED[key] = jax.jit(make, out_shardings=out_shardings)
+    with partitioning.active(self.mesh, self.target_rules):
+      return _COMPILED[key](
+          self.target_params,
+          draft_params=self.draft_params,
+          encoder_input_tokens=inputs,
+      )
 
   def _ngram_cache(self, batch_size):
     cache = self.draft_params.init_cache(batch_size)

@@ -164,10 +164,15 @@ def cache_shapes(config, params, batch_size, max_input_len, capacity):
     lengths int32 [B].
   """
   make = functools.partial(
-      drafts.t5_cache, t5.Transformer(config), max_length=capacity
+      drafts.empty_cache, t5.Transformer(config), max_length=capacity
   )
   inputs = jax.ShapeDtypeStruct((batch_size, max_input_len), jnp.int32)
-  return jax.eval_shape(make, params, inputs)
+  # What `encode` returns (a shared-encoder draft's too): [B, S, emb_dim].
+  encoded = jax.ShapeDtypeStruct(
+      (batch_size, max_input_len, config.emb_dim),
+      jnp.dtype(config.activation_dtype),
+  )
+  return jax.eval_shape(make, params, encoded, inputs)
 
 
 def meshes(num_chips, batch_size):

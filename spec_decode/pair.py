@@ -167,11 +167,27 @@ def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):
   return LoadedModel(scope, config, t5.Transformer(config), params)
 
 
-def check_same_vocab(target_config, draft_config):
-  """Raises ValueError unless the two models share a vocabulary size."""
+def check_pair(target_config, draft_config):
+  """Raises ValueError unless a draft can run with this target.
+
+  They must share a vocabulary size, and a shared-encoder draft must read
+  an encoding of the target's width.
+  """
   if target_config.vocab_size != draft_config.vocab_size:
     raise ValueError(
         f"the draft's vocab_size ({draft_config.vocab_size}) differs from the "
         f"target's ({target_config.vocab_size}): speculative decoding needs "
         "one vocabulary"
+    )
+  if target_config.shared_encoder_dim:
+    raise ValueError(
+        "the target is a shared-encoder draft (shared_encoder_dim "
+        f"{target_config.shared_encoder_dim}): a target needs an encoder"
+    )
+  shared = draft_config.shared_encoder_dim
+  if shared and shared != target_config.emb_dim:
+    raise ValueError(
+        f"the draft's shared_encoder_dim ({shared}) differs from the "
+        f"target's emb_dim ({target_config.emb_dim}): a shared-encoder draft "
+        "reads the target's encoder output"
     )

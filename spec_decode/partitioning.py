@@ -37,6 +37,8 @@ LOGICAL_AXIS_RULES = (
     ("heads", "model"),
     ("joined_kv", "model"),
     ("embed", None),
+    # A shared-encoder draft's projection reads the target's encoder width.
+    ("encoder_embed", None),
     ("kv", None),
     ("length", None),
     ("relpos_buckets", None),

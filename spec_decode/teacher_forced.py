@@ -27,6 +27,7 @@ from spec_decode import lookup
 from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import sampling
+from spec_decode.models import t5
 
 # Eq. 1 is tabulated for these gammas.
 GAMMAS = tuple(range(1, 9))
@@ -72,7 +73,7 @@ def position_betas(target_logits, draft_logits, config):
   return jnp.sum(jnp.minimum(p, q), axis=-1)
 
 
-def teacher_forced_logits(model, params, inputs, outputs):
+def teacher_forced_logits(model, params, inputs, outputs, target_encoded=None):
   """The logits at every position of `outputs`, in one pass.
 
   Args:
@@ -80,6 +81,8 @@ def teacher_forced_logits(model, params, inputs, outputs):
     params: its parameters; or a drafts.NgramModel or lookup.PromptLookup.
     inputs: int32 [B, S] encoder tokens.
     outputs: int32 [B, T] output tokens (0 after each row's end).
+    target_encoded: [B, S, E] the target's encoding of `inputs`, which a
+      shared-encoder draft reads; None for any other model.
 
   Returns:
     [B, T, V] logits; position t is the distribution of outputs[:, t].
@@ -92,7 +95,12 @@ def teacher_forced_logits(model, params, inputs, outputs):
   if model is None:  # An n-gram model reads only the token before.
     cache = params.init_cache(outputs.shape[0])
     return params(decoder_inputs, cache)[0]
-  return model.apply({"params": params}, inputs, decoder_inputs)
+  return model.apply(
+      {"params": params},
+      inputs,
+      decoder_inputs,
+      target_encoded=target_encoded,
+  )
 
 
 def estimate(betas, lengths, temperature):
@@ -169,14 +177,21 @@ class Scorer:
     target_logits = teacher_forced_logits(
         self.target_model, target_params, inputs, outputs
     )
-    return {
-        name: position_betas(
-            target_logits,
-            teacher_forced_logits(model, draft_params[name], inputs, outputs),
-            config,
-        )
-        for name, model in self.draft_models.items()
-    }
+    encoded = self.target_model.apply(
+        {"params": target_params}, inputs, method=t5.Transformer.encode
+    )  # [B, S, E]; only shared-encoder drafts read it.
+    betas = {}
+    for name, model in self.draft_models.items():
+      shares = model is not None and model.config.shared_encoder_dim
+      draft_logits = teacher_forced_logits(
+          model,
+          draft_params[name],
+          inputs,
+          outputs,
+          target_encoded=encoded if shares else None,
+      )
+      betas[name] = position_betas(target_logits, draft_logits, config)
+    return betas
 
   def __call__(self, inputs, outputs, config):
     """{name: float32 [B, T] betas} of outputs [B, T] for inputs [B, S]."""
@@ -272,7 +287,7 @@ def measure(
   target = pair.load_model("target", mesh)
   if model_free is None:
     draft = pair.load_model("draft", mesh)
-    pair.check_same_vocab(target.config, draft.config)
+    pair.check_pair(target.config, draft.config)
     draft_model, draft_params = draft.model, draft.params
   elif isinstance(model_free, lookup.PromptLookup):
     draft_model, draft_params = None, model_free

@@ -101,14 +101,29 @@ def cross_entropy(logits, targets, weights, z_loss=0.0):
   return loss, jnp.sum(z_term * weights), correct
 
 
-def _logits(model, params, batch, dropout_rng=None):
+def _logits(model, params, batch, dropout_rng=None, target_encoded=None):
   rngs = None if dropout_rng is None else {"dropout": dropout_rng}
   return model.apply(
       {"params": params},
       batch["encoder_input_tokens"],
       batch["decoder_input_tokens"],
       enable_dropout=dropout_rng is not None,
+      target_encoded=target_encoded,
       rngs=rngs,
+  )
+
+
+def _teacher_encoded(model, teacher, teacher_params, batch):
+  """The frozen teacher's encoding [B, S, E] that a shared-encoder model
+  reads; None for a model with an encoder of its own."""
+  if not model.config.shared_encoder_dim:
+    return None
+  return jax.lax.stop_gradient(
+      teacher.apply(
+          {"params": teacher_params},
+          batch["encoder_input_tokens"],
+          method=t5.Transformer.encode,
+      )
   )
 
 
@@ -134,7 +149,9 @@ def train_step(
     optimizer: an optax.GradientTransformation.
     dropout_seed: int; the step's dropout key is fold_in(key(seed), step).
     z_loss: see `cross_entropy`.
-    teacher: the teacher's t5.Transformer when distilling, else None.
+    teacher: the teacher's t5.Transformer when distilling or when `model` is
+      a shared-encoder draft (which reads the teacher's encoding, frozen),
+      else None.
     distill: a `distillation.Distillation` when distilling, else None: the
       loss is then its divergence from the teacher's distributions (frozen,
       without dropout), plus its cross_entropy_weight times the cross-entropy.
@@ -152,9 +169,10 @@ def train_step(
     teacher_logits = jax.lax.stop_gradient(
         _logits(teacher, teacher_params, batch)
     )
+  target_encoded = _teacher_encoded(model, teacher, teacher_params, batch)
 
   def loss_fn(params):
-    logits = _logits(model, params, batch, dropout_rng)
+    logits = _logits(model, params, batch, dropout_rng, target_encoded)
     loss, z_term, correct = cross_entropy(
         logits, batch["decoder_target_tokens"], weights, z_loss
     )
@@ -199,7 +217,8 @@ def eval_step(params, batch, teacher_params=None, *, model, teacher=None):
   `distillation.DIVERGENCES` from its distributions at temperature 1.
   """
   weights = batch["decoder_loss_weights"]
-  logits = _logits(model, params, batch)
+  target_encoded = _teacher_encoded(model, teacher, teacher_params, batch)
+  logits = _logits(model, params, batch, target_encoded=target_encoded)
   loss, _, correct = cross_entropy(
       logits, batch["decoder_target_tokens"], weights
   )
@@ -262,14 +281,14 @@ def _means(metrics):
 def _step_functions(model, optimizer, seed, z_loss, distill):
   """The jitted train step, (state, batch), and eval step, (params, batch).
 
-  When distilling, the teacher configured under the gin scope 'teacher' is
-  loaded here; its params are passed to both steps as arguments, not traced
-  in as constants.
+  When distilling, or when `model` is a shared-encoder draft, the teacher
+  configured under the gin scope 'teacher' is loaded here; its params are
+  passed to both steps as arguments, not traced in as constants.
   """
   teacher_model, teacher_params = None, None
-  if distill is not None:
+  if distill is not None or model.config.shared_encoder_dim:
     teacher = pair.load_model("teacher")
-    pair.check_same_vocab(teacher.config, model.config)
+    pair.check_pair(teacher.config, model.config)
     teacher_model, teacher_params = teacher.model, teacher.params
   train_jit = jax.jit(
       functools.partial(
@@ -347,7 +366,9 @@ def train(
     init_from_config: the T5Config of `init_from`'s model.
     distill: a `distillation.Distillation` to train on the distributions of
       the teacher (the model under the gin scope 'teacher'), see
-      `distillation.py`; None trains on the batches' tokens alone.
+      `distillation.py`; None trains on the batches' tokens alone. A
+      shared-encoder `model_config` (shared_encoder_dim > 0) reads that
+      teacher's encoder output, frozen, with or without `distill`.
 
   Returns:
     The final TrainState.

@@ -32,6 +32,10 @@ STUDENT = T5Config(
     num_decoder_layers=1,
 )
 TEACHER = dataclasses.replace(STUDENT, emb_dim=24, num_decoder_layers=2)
+# A student with no encoder, reading the teacher's (width 24).
+SHARED_STUDENT = dataclasses.replace(
+    STUDENT, num_encoder_layers=0, shared_encoder_dim=24
+)
 
 
 def _softmax(x):
@@ -166,6 +170,47 @@ class DistillStepTest(absltest.TestCase):
       self.assertLess(divergences[-1], 0.3 * divergences[0], msg=kind)
 
 
+class SharedEncoderStudentTest(absltest.TestCase):
+
+  def test_learns_through_the_frozen_teacher_encoding(self):
+    rng = np.random.default_rng(0)
+    batch = _batch(rng)
+    optimizer = optimizers.adamw(3e-3)
+    state = training.init_state(SHARED_STUDENT, optimizer, jax.random.key(0))
+    teacher_params = t5.init_params(TEACHER, jax.random.key(1))
+    step = _step(
+        SHARED_STUDENT, TEACHER, distillation.Distillation(), optimizer
+    )
+    current, divergences = state, []
+    for _ in range(60):
+      current, metrics = step(current, batch, teacher_params)
+      divergences.append(float(metrics["divergence"]))
+    self.assertLess(divergences[-1], 0.3 * divergences[0])
+    self.assertNotIn("encoder", current.params)
+    moved = current.params["encoder_projection"]["kernel"]
+    self.assertGreater(
+        float(
+            np.abs(moved - state.params["encoder_projection"]["kernel"]).max()
+        ),
+        1e-3,
+    )
+    # Evaluation reads the same encoding: its divergence is the train step's
+    # on the same batch, without dropout (the student has none here).
+    eval_metrics = jax.jit(
+        functools.partial(
+            training.eval_step,
+            model=t5.Transformer(SHARED_STUDENT),
+            teacher=t5.Transformer(TEACHER),
+        )
+    )(current.params, batch, teacher_params)
+    _, after = step(current, batch, teacher_params)
+    np.testing.assert_allclose(
+        float(eval_metrics["forward_kl"]) / float(eval_metrics["tokens"]),
+        float(after["divergence"]),
+        rtol=1e-5,
+    )
+
+
 class DistillLoopTest(absltest.TestCase):
 
   def tearDown(self):
@@ -221,6 +266,14 @@ class DistillLoopTest(absltest.TestCase):
     with gin.config_scope("teacher"):
       self.assertEqual(T5Config().num_decoder_layers, 6)
     self.assertEqual(distillation.Distillation().divergence, "forward_kl")
+
+  def test_shared_encoder_config_parses(self):
+    gin_config.parse(["train/multi30k_draft_shared.gin"])
+    self.assertEqual(T5Config().shared_encoder_dim, 512)
+    self.assertEqual(T5Config().num_encoder_layers, 0)
+    with gin.config_scope("teacher"):
+      self.assertEqual(T5Config().shared_encoder_dim, 0)
+      self.assertEqual(T5Config().emb_dim, 512)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from spec_decode import drafts
 from spec_decode import lookup
 from spec_decode import sampling
 from spec_decode import speculative
+from spec_decode.models import t5
 
 VOCAB_SIZE = 6
 EOS_ID = 1
@@ -86,27 +87,38 @@ def _draft(kind, target, capacity):
   return drafts.target_as_draft(target, target.init_cache(contexts, capacity))
 
 
-def _exact_distribution(target, config, max_decode_len=MAX_DECODE_LEN):
-  """Maps every outcome (a token tuple) to its exact probability."""
+def _token_triples(max_decode_len):
+  """Every output [V^n, n] and its decoder inputs [BOS, y_1, ..., y_{n-1}]."""
   triples = np.array(
       list(itertools.product(range(VOCAB_SIZE), repeat=max_decode_len))
   )  # [V^n, n], n = max_decode_len
   inputs = np.concatenate(
       [np.full((len(triples), 1), decoding.BOS_ID), triples[:, :-1]], axis=1
-  )  # [V^n, n]: [BOS, y_1, ..., y_{n-1}]
-  logits, _ = target(
-      jnp.asarray(inputs),
-      target.init_cache([CONTEXT] * len(triples), max_decode_len),
-  )
+  )  # [V^n, n]
+  return triples, inputs
+
+
+def _outcome_probabilities(triples, logits, config):
+  """Maps every outcome (the tokens up to EOS) to its exact probability."""
   probs = np.asarray(sampling.logits_to_probs(logits, config), np.float64)
   token_probs = np.take_along_axis(probs, triples[..., None], -1)[..., 0]
   distribution = {}
   for triple, step_probs in zip(triples, token_probs):
-    length = max_decode_len
+    length = triples.shape[1]
     if EOS_ID in triple:
       length = list(triple).index(EOS_ID) + 1
     distribution[tuple(triple[:length])] = np.prod(step_probs[:length])
   return distribution
+
+
+def _exact_distribution(target, config, max_decode_len=MAX_DECODE_LEN):
+  """Maps every outcome (a token tuple) to its exact probability."""
+  triples, inputs = _token_triples(max_decode_len)
+  logits, _ = target(
+      jnp.asarray(inputs),
+      target.init_cache([CONTEXT] * len(triples), max_decode_len),
+  )
+  return _outcome_probabilities(triples, logits, config)
 
 
 def _tv_bound(distribution, num_samples, failure_probability=1e-6):
@@ -241,6 +253,85 @@ class LosslessTest(parameterized.TestCase):
             int(np.sum(result.accepted_tokens)), NUM_SAMPLES // 10
         )
     _assert_follows(self, result, _exact_distribution(target, config))
+
+
+class SharedEncoderDraftTest(parameterized.TestCase):
+  """A T5 target and a shared-encoder T5 draft (which reads the target's
+  encoding), sampled: the same enumeration, from the T5's teacher-forced
+  logits on every token triple."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    target_config = t5.T5Config(
+        vocab_size=VOCAB_SIZE,
+        emb_dim=16,
+        num_heads=2,
+        head_dim=8,
+        mlp_dim=32,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+    )
+    draft_config = t5.T5Config(
+        vocab_size=VOCAB_SIZE,
+        emb_dim=8,
+        num_heads=2,
+        head_dim=4,
+        mlp_dim=16,
+        num_encoder_layers=0,
+        num_decoder_layers=1,
+        shared_encoder_dim=16,
+    )
+    cls.target = t5.Transformer(target_config)
+    cls.draft = t5.Transformer(draft_config)
+    # Sharper than at init: logits of a few units.
+    cls.target_params = jax.tree.map(
+        lambda x: 3 * x, t5.init_params(target_config, jax.random.key(0))
+    )
+    cls.draft_params = jax.tree.map(
+        lambda x: 3 * x, t5.init_params(draft_config, jax.random.key(1))
+    )
+
+  def _exact_distribution(self, config):
+    triples, decoder_inputs = _token_triples(MAX_DECODE_LEN)
+    logits = self.target.apply(
+        {"params": self.target_params},
+        np.tile(self._input(), (len(triples), 1)),
+        decoder_inputs,
+    )
+    return _outcome_probabilities(triples, logits, config)
+
+  def _input(self):
+    return np.array([[2, 5, 4, 3, 0]], np.int32)
+
+  @parameterized.parameters("temperature_1", "top_k_3")
+  def test_samples_follow_the_target_distribution(self, config_name):
+    config = CONFIGS[config_name]
+    gamma = 2
+    capacity = MAX_DECODE_LEN + gamma + 1
+    inputs = np.tile(self._input(), (NUM_SAMPLES, 1))
+    target_cache, draft_cache = drafts.shared_encoder_caches(
+        self.target,
+        self.target_params,
+        self.draft,
+        self.draft_params,
+        inputs,
+        capacity,
+    )
+    result = speculative.speculative_decode(
+        t5.make_decode_fn(self.target, self.target_params),
+        t5.make_decode_fn(self.draft, self.draft_params),
+        target_cache,
+        draft_cache,
+        jax.random.key(list(CONFIGS).index(config_name)),
+        gamma=gamma,
+        max_decode_len=MAX_DECODE_LEN,
+        eos_id=EOS_ID,
+        config=config,
+    )
+    alpha = np.sum(result.accepted_tokens) / np.sum(result.drafted_tokens)
+    self.assertBetween(alpha, 0.2, 0.95)  # Drafts both kept and rejected.
+    _assert_follows(self, result, self._exact_distribution(config))
 
 
 class SeveralIterationsTest(parameterized.TestCase):

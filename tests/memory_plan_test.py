@@ -99,6 +99,24 @@ class PerDeviceBytesTest(absltest.TestCase):
         self.assertEqual(four, one)
     self.assertGreater(num_sharded, 0)
 
+  def test_cache_shapes_of_a_shared_encoder_draft(self):
+    config = t5.T5Config(
+        vocab_size=64,
+        emb_dim=8,
+        num_heads=2,
+        head_dim=4,
+        num_encoder_layers=0,
+        num_decoder_layers=1,
+        shared_encoder_dim=16,
+        dtype="bfloat16",
+    )
+    cache = memory_plan.cache_shapes(
+        config, memory_plan.param_shapes(config), 3, 7, 12
+    )
+    self.assertEqual(cache.keys[0].shape, (3, 12, 2, 4))
+    self.assertEqual(cache.cross_keys[0].shape, (3, 7, 2, 4))
+    self.assertEqual(cache.cross_keys[0].dtype, jnp.bfloat16)
+
   def test_meshes(self):
     self.assertEqual(memory_plan.meshes(4, 1), [(1, 4)])
     self.assertEqual(memory_plan.meshes(4, 8), [(1, 4), (2, 2)])

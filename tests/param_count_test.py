@@ -2,11 +2,13 @@
 
 from absl.testing import absltest
 import gin
+import jax
 import torch
 import transformers
 
 from spec_decode import gin_config
 from spec_decode.models import param_count
+from spec_decode.models import t5
 from spec_decode.models.config import T5Config
 import hf_reference
 
@@ -41,7 +43,19 @@ class ParamCountTest(absltest.TestCase):
     for path in gin_config.model_config_files():
       with self.subTest(path.stem):
         gin_config.parse([path])
+        if T5Config().shared_encoder_dim:  # No transformers equivalent.
+          continue
         self.assertEqual(counts[path.stem], _hf_count(T5Config()))
+
+  def test_shared_encoder_draft_is_the_draft_without_its_encoder(self):
+    counts = param_count.count_all()
+    gin_config.parse(["models/demo_draft.gin"])
+    encoder = t5.param_shapes(T5Config())["encoder"]
+    encoder_params = sum(x.size for x in jax.tree.leaves(encoder))
+    self.assertEqual(
+        counts["demo_draft_shared"],
+        counts["demo_draft"] - encoder_params + 512 * 128,
+    )
 
   def test_published_sizes(self):
     counts = param_count.count_all()

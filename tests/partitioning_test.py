@@ -5,6 +5,7 @@ with the same seed; parameters, caches and inputs are placed as the rules
 say; a sharded checkpoint load reads each shard's slice once.
 """
 
+import dataclasses
 import os
 from unittest import mock
 
@@ -47,12 +48,17 @@ DRAFT = t5.T5Config(
     num_encoder_layers=1,
     num_decoder_layers=1,
 )
+SHARED_DRAFT = dataclasses.replace(
+    DRAFT, num_encoder_layers=0, shared_encoder_dim=TARGET.emb_dim
+)
 DEMO_TARGET = os.path.join(
     os.path.dirname(__file__), os.pardir, "spec_decode", "demo", "target"
 )
 
 
-def make_engine(mesh_shape, params, draft_params, replicate_draft=False):
+def make_engine(
+    mesh_shape, params, draft_params, replicate_draft=False, draft=DRAFT
+):
   mesh = partitioning.make_mesh(
       model_parallel=mesh_shape[1], num_devices=mesh_shape[0] * mesh_shape[1]
   )
@@ -63,9 +69,9 @@ def make_engine(mesh_shape, params, draft_params, replicate_draft=False):
       engine.place_params(
           params, t5.param_logical_axes(TARGET), mesh, partitioning.rules()
       ),
-      t5.Transformer(DRAFT),
+      t5.Transformer(draft),
       engine.place_params(
-          draft_params, t5.param_logical_axes(DRAFT), mesh, draft_rules
+          draft_params, t5.param_logical_axes(draft), mesh, draft_rules
       ),
       draft_rules=draft_rules,
   )
@@ -243,6 +249,37 @@ class ShardedDecodingTest(parameterized.TestCase):
     )
     np.testing.assert_array_equal(spec.sequences, baseline.sequences)
     np.testing.assert_array_equal(spec.accepted_tokens, spec.drafted_tokens)
+
+  def test_shared_encoder_draft_reads_the_target_encoding(self):
+    draft_params = jax.device_get(
+        t5.init_params(SHARED_DRAFT, jax.random.key(2))
+    )
+    outputs = {}
+    for mesh_shape in ((1, 1), (2, 4)):
+      decoders = make_engine(
+          mesh_shape, self.params, draft_params, draft=SHARED_DRAFT
+      )
+      placed = decoders.place_inputs(self.inputs)
+      with self.assertRaisesRegex(ValueError, "set it up with setup_pair"):
+        decoders.setup("draft", placed, 16)
+      target, draft = decoders.setup_pair(placed, 16)
+      # The target's cache is the one it makes alone.
+      alone = decoders.setup("target", placed, 16).cache
+      for mine, theirs in zip(
+          jax.tree.leaves(target.cache), jax.tree.leaves(alone)
+      ):
+        np.testing.assert_array_equal(mine, theirs)
+        self.assertEqual(mine.sharding, theirs.sharding)
+      self.assertEqual(
+          draft.cache.cross_keys[0].sharding.spec,
+          P("data", None, "model", None),
+      )
+      outputs[mesh_shape] = decode(decoders, self.inputs)
+    for temperature, (baseline, spec) in outputs[(1, 1)].items():
+      with self.subTest(temperature=temperature):
+        np.testing.assert_array_equal(outputs[(2, 4)][temperature][1], spec)
+        if temperature == 0.0:
+          np.testing.assert_array_equal(baseline, spec)
 
   def test_indivisible_axis_is_a_one_line_error(self):
     mesh = partitioning.make_mesh(model_parallel=8)

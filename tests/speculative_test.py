@@ -275,8 +275,14 @@ class T5GreedyTest(parameterized.TestCase):
       )
 
   @parameterized.product(
-      draft_kind=["smaller_t5", "unigram", "target", "lookup"],
-      gamma=[1, 2, 4, 7],
+      draft_kind=[
+          "smaller_t5",
+          "shared_encoder",
+          "unigram",
+          "target",
+          "lookup",
+      ],
+      gamma=[1, 3, 7],
   )
   def test_matches_baseline(self, draft_kind, gamma):
     for batch_size in BATCH_SIZES:
@@ -303,6 +309,27 @@ class T5GreedyTest(parameterized.TestCase):
           inputs,
           capacity,
       )
+    elif draft_kind == "shared_encoder":  # Reads the target's encoding.
+      config = t5.T5Config(
+          vocab_size=97,
+          emb_dim=8,
+          num_heads=2,
+          head_dim=4,
+          mlp_dim=16,
+          num_encoder_layers=0,
+          num_decoder_layers=1,
+          shared_encoder_dim=16,
+      )
+      model = t5.Transformer(config)
+      params = t5.init_params(config, jax.random.key(1))
+      target_cache, draft_cache = drafts.shared_encoder_caches(
+          self.model, self.params, model, params, inputs, capacity
+      )
+      for mine, theirs in zip(
+          jax.tree.leaves(target_cache), jax.tree.leaves(target.cache)
+      ):
+        np.testing.assert_array_equal(mine, theirs)
+      draft = drafts.Draft(t5.make_decode_fn(model, params), draft_cache)
     elif draft_kind == "unigram":  # Counted over the target's own outputs.
       corpus = [
           row[:length]

@@ -21,7 +21,7 @@ class T5Config:
     num_heads: attention heads per layer.
     head_dim: width of one head.
     mlp_dim: width of the MLP's hidden layer.
-    num_encoder_layers: encoder depth.
+    num_encoder_layers: encoder depth; 0 for a shared-encoder draft.
     num_decoder_layers: decoder depth.
     mlp_activations: ('gelu', 'linear') is T5 1.1's gated GELU, ('relu',) is
       T5 1.0's MLP.
@@ -40,6 +40,10 @@ class T5Config:
       1.0's logits via the embedding are the same). 'bfloat16' computes in
       bfloat16; it exists to measure what float32 logits buy (see the
       README's known limits).
+    shared_encoder_dim: 0 for a T5 with an encoder of its own. Else a
+      shared-encoder draft: a decoder with no encoder, which cross-attends
+      to its target's encoder output (of this width, the target's emb_dim)
+      through a learned projection to emb_dim (`Transformer.encode`).
   """
 
   vocab_size: int = gin.REQUIRED
@@ -56,6 +60,7 @@ class T5Config:
   dropout_rate: float = 0.0
   dtype: str = "float32"
   logits_dtype: str = "float32"
+  shared_encoder_dim: int = 0
 
   def __post_init__(self):
     for name in (
@@ -64,15 +69,25 @@ class T5Config:
         "num_heads",
         "head_dim",
         "mlp_dim",
-        "num_encoder_layers",
         "num_decoder_layers",
         "num_buckets",
         "max_distance",
-    ):
+    ) + (() if self.shared_encoder_dim else ("num_encoder_layers",)):
       if int(getattr(self, name)) < 1:
         raise ValueError(
             f"T5Config.{name} must be >= 1, got " f"{getattr(self, name)}"
         )
+    if self.shared_encoder_dim < 0:
+      raise ValueError(
+          "T5Config.shared_encoder_dim must be >= 0, got "
+          f"{self.shared_encoder_dim}"
+      )
+    if self.shared_encoder_dim and self.num_encoder_layers:
+      raise ValueError(
+          "T5Config.num_encoder_layers must be 0 for a shared-encoder draft "
+          f"(shared_encoder_dim {self.shared_encoder_dim}), got "
+          f"{self.num_encoder_layers}"
+      )
     known = {"gelu", "relu", "linear", "silu"}
     unknown = set(self.mlp_activations) - known
     if unknown:

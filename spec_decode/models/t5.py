@@ -299,12 +299,35 @@ class Transformer(nn.Module):
     self.token_embedder = layers.Embed(
         cfg.vocab_size, cfg.emb_dim, cfg.activation_dtype
     )
-    self.encoder = Encoder(cfg, self.token_embedder)
+    if cfg.shared_encoder_dim:
+      self.encoder_projection = layers.Dense(
+          cfg.emb_dim, ("encoder_embed", "embed"), cfg.activation_dtype
+      )
+    else:
+      self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
-  def encode(self, encoder_input_tokens, enable_dropout=False):
-    """int32 [B, S] (0 = padding) -> encoded [B, S, E]."""
-    return self.encoder(encoder_input_tokens, deterministic=not enable_dropout)
+  def encode(
+      self, encoder_input_tokens, enable_dropout=False, target_encoded=None
+  ):
+    """int32 [B, S] (0 = padding) -> encoded [B, S, E].
+
+    A shared-encoder draft (config.shared_encoder_dim > 0) runs no encoder:
+    its encoding is `target_encoded`, its target's `encode` of the same
+    tokens, [B, S, shared_encoder_dim], projected to its own width.
+    """
+    if not self.config.shared_encoder_dim:
+      if target_encoded is not None:
+        raise ValueError("target_encoded is for a shared-encoder draft only")
+      return self.encoder(
+          encoder_input_tokens, deterministic=not enable_dropout
+      )
+    if target_encoded is None:
+      raise ValueError(
+          "a shared-encoder draft needs its target's encoder output "
+          "(target_encoded)"
+      )
+    return self.encoder_projection(target_encoded)
 
   def init_cache(self, encoded, encoder_input_tokens, max_length):
     """An empty cache of `max_length` decoder positions per row.
@@ -367,10 +390,17 @@ class Transformer(nn.Module):
     return logits, cache
 
   def __call__(
-      self, encoder_input_tokens, decoder_input_tokens, enable_dropout=False
+      self,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      enable_dropout=False,
+      target_encoded=None,
   ):
-    """Teacher-forced logits: int32 [B, S] and [B, T] -> float32 [B, T, V]."""
-    encoded = self.encode(encoder_input_tokens, enable_dropout)
+    """Teacher-forced logits: int32 [B, S] and [B, T] -> float32 [B, T, V].
+
+    `target_encoded` is a shared-encoder draft's input (see `encode`).
+    """
+    encoded = self.encode(encoder_input_tokens, enable_dropout, target_encoded)
     positions = jnp.arange(decoder_input_tokens.shape[1])
     logits, _ = self.decoder(
         decoder_input_tokens,
@@ -386,7 +416,10 @@ class Transformer(nn.Module):
 def _init_variables(config, rng):
   model = Transformer(config)
   dummy = jnp.ones((1, 1), jnp.int32)
-  return model.init(rng, dummy, dummy)
+  target_encoded = None
+  if config.shared_encoder_dim:
+    target_encoded = jnp.ones((1, 1, config.shared_encoder_dim))
+  return model.init(rng, dummy, dummy, target_encoded=target_encoded)
 
 
 def init_params(config, rng):

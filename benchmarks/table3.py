@@ -32,10 +32,31 @@ _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 1000, "Inputs per set.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows per call.")
 _DRAFTS = flags.DEFINE_list("drafts", None, "Names of DRAFTS to score.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
+_T5_DRAFTS = flags.DEFINE_list(
+    "t5_drafts",
+    [],
+    "More T5 drafts to score beside DRAFTS, each NAME=SIZE_FILE:CHECKPOINT "
+    "(SIZE_FILE under configs/, e.g. models/demo_draft.gin).",
+)
 
 # name: (kind, size file under configs/ or None, checkpoint or n-gram corpus)
 DRAFTS = {
     "t5_1.9m": ("t5", "models/demo_draft.gin", "spec_decode/demo/draft"),
+    "t5_1.9m_distilled": (
+        "t5",
+        "models/demo_draft.gin",
+        "spec_decode/demo/draft_distilled_48m",
+    ),
+    "t5_1.9m_distillspec": (
+        "t5",
+        "models/demo_draft.gin",
+        "spec_decode/demo/draft_distillspec_48m",
+    ),
+    "t5_1.4m_shared_encoder": (
+        "t5",
+        "models/demo_draft_shared.gin",
+        "spec_decode/demo/draft_shared_48m",
+    ),
     "t5_1.9m_distilled_9.2m": (
         "t5",
         "models/demo_draft.gin",
@@ -63,9 +84,23 @@ def _parse(bindings=()):
   )
 
 
-def _draft(name, target, vocab, mesh):
-  """(model, params) of draft `name` (model None for a draft with none)."""
-  kind, size_file, path = DRAFTS[name]
+def _all_drafts():
+  """DRAFTS and those of --t5_drafts."""
+  table = dict(DRAFTS)
+  for entry in _T5_DRAFTS.value:
+    name, _, rest = entry.partition("=")
+    size_file, _, path = rest.partition(":")
+    if not (name and size_file and path):
+      raise ValueError(
+          f"--t5_drafts entry {entry!r} is not NAME=SIZE_FILE:CHECKPOINT"
+      )
+    table[name] = ("t5", size_file, path)
+  return table
+
+
+def _draft(spec, target, vocab, mesh):
+  """(model, params) of a DRAFTS entry (model None for a draft with none)."""
+  kind, size_file, path = spec
   if kind == "lookup":
     return None, lookup.PromptLookup(target.config.vocab_size)
   if kind != "t5":
@@ -94,11 +129,20 @@ def _markdown(results, names):
 
 
 def main(argv):
+  with cli.one_line_errors():
+    _main(argv)
+
+
+def _main(argv):
   cli.start(argv)
   # pylint: disable-next=g-import-not-at-top
   from spec_decode import vocabulary  # Imports TensorFlow, after cli.start.
 
-  names = _DRAFTS.value or list(DRAFTS)
+  table = _all_drafts()
+  names = _DRAFTS.value or list(table)
+  unknown = sorted(set(names) - set(table))
+  if unknown:
+    raise ValueError(f"--drafts: no draft named {', '.join(unknown)}")
   mesh = partitioning.make_mesh()
   vocab = vocabulary.bound_for_run()
   max_decode_len = gin_config.gin.query_parameter("run.max_decode_len")
@@ -106,7 +150,7 @@ def main(argv):
   scorer = teacher_forced.Scorer(
       target.model,
       target.params,
-      {name: _draft(name, target, vocab, mesh) for name in names},
+      {name: _draft(table[name], target, vocab, mesh) for name in names},
       mesh,
   )
   decoders = engine.Engine(mesh, target.model, target.params)
@@ -144,7 +188,7 @@ def main(argv):
         "gin_bindings": cli.GIN_BINDINGS.value,
         "num_examples": _NUM_EXAMPLES.value,
         "device": str(jax.devices()[0].device_kind),
-        "drafts": {n: DRAFTS[n] for n in names},
+        "drafts": {n: table[n] for n in names},
         "results": results,
         "markdown": table,
     }

@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import decoding
-
-EOS_ID = 1
+from spec_decode import inputs as inputs_lib
 
 
 @flax.struct.dataclass
@@ -122,7 +121,9 @@ def propose(source, output, end, max_ngram):
   )
   found = candidates >= 0
   longest = jnp.max(jnp.where(found, jnp.arange(max_ngram), -1))
-  return jnp.where(longest >= 0, candidates[jnp.maximum(longest, 0)], EOS_ID)
+  return jnp.where(
+      longest >= 0, candidates[jnp.maximum(longest, 0)], inputs_lib.EOS_ID
+  )
 
 
 @flax.struct.dataclass

@@ -55,7 +55,9 @@ class ConfigsTest(parameterized.TestCase):
           gin.query_parameter("target/checkpoint_path.path"), "gs://t5-data/"
       )
 
-  @parameterized.parameters("demo.gin", "demo_9m.gin", "demo_distilled.gin")
+  @parameterized.parameters(
+      "demo.gin", "demo_9m.gin", "demo_distilled.gin", "demo_shared.gin"
+  )
   def test_embedded_checkpoints_fit_their_configs(self, name):
     os.chdir(_REPO)  # The demo's checkpoint paths are relative to it.
     gin_config.parse([name], ["run.output_dir = '/tmp/unused'"])

@@ -180,8 +180,8 @@ def _main(argv):
       results[dataset][str(temperature)]["mean_output_len"] = float(
           np.mean(lengths)
       )
-  table = _markdown(results, names)
-  print(table)
+  markdown = _markdown(results, names)
+  print(markdown)
   if _OUTPUT.value:
     record = {
         "gin_files": cli.GIN_FILES.value,
@@ -190,7 +190,7 @@ def _main(argv):
         "device": str(jax.devices()[0].device_kind),
         "drafts": {n: table[n] for n in names},
         "results": results,
-        "markdown": table,
+        "markdown": markdown,
     }
     with open(_OUTPUT.value, "w") as f:
       f.write(json.dumps(record, indent=2) + "\n")

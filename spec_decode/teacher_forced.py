@@ -73,7 +73,9 @@ def position_betas(target_logits, draft_logits, config):
   return jnp.sum(jnp.minimum(p, q), axis=-1)
 
 
-def teacher_forced_logits(model, params, inputs, outputs, target_encoded=None):
+def teacher_forced_logits(
+    model, params, inputs, outputs, target_encoded=None, encoded=None
+):
   """The logits at every position of `outputs`, in one pass.
 
   Args:
@@ -83,6 +85,8 @@ def teacher_forced_logits(model, params, inputs, outputs, target_encoded=None):
     outputs: int32 [B, T] output tokens (0 after each row's end).
     target_encoded: [B, S, E] the target's encoding of `inputs`, which a
       shared-encoder draft reads; None for any other model.
+    encoded: [B, S, E] the model's own `encode` of `inputs`, if already
+      computed; None to encode here.
 
   Returns:
     [B, T, V] logits; position t is the distribution of outputs[:, t].
@@ -95,11 +99,19 @@ def teacher_forced_logits(model, params, inputs, outputs, target_encoded=None):
   if model is None:  # An n-gram model reads only the token before.
     cache = params.init_cache(outputs.shape[0])
     return params(decoder_inputs, cache)[0]
+  if encoded is None:
+    encoded = model.apply(
+        {"params": params},
+        inputs,
+        target_encoded=target_encoded,
+        method=t5.Transformer.encode,
+    )
   return model.apply(
       {"params": params},
+      encoded,
       inputs,
       decoder_inputs,
-      target_encoded=target_encoded,
+      method=t5.Transformer.decode_forced,
   )
 
 
@@ -174,12 +186,12 @@ class Scorer:
 
   @functools.partial(jax.jit, static_argnums=(0, 5))
   def _betas(self, target_params, draft_params, inputs, outputs, config):
-    target_logits = teacher_forced_logits(
-        self.target_model, target_params, inputs, outputs
-    )
     encoded = self.target_model.apply(
         {"params": target_params}, inputs, method=t5.Transformer.encode
-    )  # [B, S, E]; only shared-encoder drafts read it.
+    )  # [B, S, E]
+    target_logits = teacher_forced_logits(
+        self.target_model, target_params, inputs, outputs, encoded=encoded
+    )
     betas = {}
     for name, model in self.draft_models.items():
       shares = model is not None and model.config.shared_encoder_dim

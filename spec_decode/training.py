@@ -113,18 +113,33 @@ def _logits(model, params, batch, dropout_rng=None, target_encoded=None):
   )
 
 
-def _teacher_encoded(model, teacher, teacher_params, batch):
-  """The frozen teacher's encoding [B, S, E] that a shared-encoder model
-  reads; None for a model with an encoder of its own."""
-  if not model.config.shared_encoder_dim:
-    return None
-  return jax.lax.stop_gradient(
-      teacher.apply(
-          {"params": teacher_params},
-          batch["encoder_input_tokens"],
-          method=t5.Transformer.encode,
-      )
+def _frozen_teacher(teacher, teacher_params, batch, with_logits):
+  """The frozen teacher's encoding [B, S, E] and, if `with_logits`, its
+  teacher-forced logits [B, T, V] from that one encoding (else None); both
+  None without a teacher."""
+  if teacher is None:
+    return None, None
+  encoded = teacher.apply(
+      {"params": teacher_params},
+      batch["encoder_input_tokens"],
+      method=t5.Transformer.encode,
   )
+  logits = None
+  if with_logits:
+    logits = teacher.apply(
+        {"params": teacher_params},
+        encoded,
+        batch["encoder_input_tokens"],
+        batch["decoder_input_tokens"],
+        method=t5.Transformer.decode_forced,
+    )
+  return jax.lax.stop_gradient((encoded, logits))
+
+
+def _shared_encoding(model, teacher_encoded):
+  """What `model` reads as its target's encoding: the teacher's for a
+  shared-encoder model, None for a model with an encoder of its own."""
+  return teacher_encoded if model.config.shared_encoder_dim else None
 
 
 def train_step(
@@ -165,11 +180,10 @@ def train_step(
   dropout_rng = jax.random.fold_in(jax.random.key(dropout_seed), state.step)
   weights = batch["decoder_loss_weights"]
   num_tokens = jnp.maximum(jnp.sum(weights), 1).astype(jnp.float32)
-  if distill is not None:
-    teacher_logits = jax.lax.stop_gradient(
-        _logits(teacher, teacher_params, batch)
-    )
-  target_encoded = _teacher_encoded(model, teacher, teacher_params, batch)
+  teacher_encoded, teacher_logits = _frozen_teacher(
+      teacher, teacher_params, batch, with_logits=distill is not None
+  )
+  target_encoded = _shared_encoding(model, teacher_encoded)
 
   def loss_fn(params):
     logits = _logits(model, params, batch, dropout_rng, target_encoded)
@@ -217,8 +231,15 @@ def eval_step(params, batch, teacher_params=None, *, model, teacher=None):
   `distillation.DIVERGENCES` from its distributions at temperature 1.
   """
   weights = batch["decoder_loss_weights"]
-  target_encoded = _teacher_encoded(model, teacher, teacher_params, batch)
-  logits = _logits(model, params, batch, target_encoded=target_encoded)
+  teacher_encoded, teacher_logits = _frozen_teacher(
+      teacher, teacher_params, batch, with_logits=True
+  )
+  logits = _logits(
+      model,
+      params,
+      batch,
+      target_encoded=_shared_encoding(model, teacher_encoded),
+  )
   loss, _, correct = cross_entropy(
       logits, batch["decoder_target_tokens"], weights
   )
@@ -228,7 +249,6 @@ def eval_step(params, batch, teacher_params=None, *, model, teacher=None):
       "correct": correct,
   }
   if teacher is not None:
-    teacher_logits = _logits(teacher, teacher_params, batch)
     for kind in distillation.DIVERGENCES:
       sums[kind] = distillation.divergence(
           logits, teacher_logits, weights, kind

@@ -401,6 +401,25 @@ class Transformer(nn.Module):
     `target_encoded` is a shared-encoder draft's input (see `encode`).
     """
     encoded = self.encode(encoder_input_tokens, enable_dropout, target_encoded)
+    return self.decode_forced(
+        encoded, encoder_input_tokens, decoder_input_tokens, enable_dropout
+    )
+
+  def decode_forced(
+      self,
+      encoded,
+      encoder_input_tokens,
+      decoder_input_tokens,
+      enable_dropout=False,
+  ):
+    """Teacher-forced logits from an encoding: float32 [B, T, V].
+
+    Args:
+      encoded: [B, S, E], from `encode`.
+      encoder_input_tokens: int32 [B, S], for the padding mask.
+      decoder_input_tokens: int32 [B, T].
+      enable_dropout: enables dropout.
+    """
     positions = jnp.arange(decoder_input_tokens.shape[1])
     logits, _ = self.decoder(
         decoder_input_tokens,

@@ -58,8 +58,8 @@ _ABSTRACT = flags.DEFINE_bool(
 PAPER = {"temperature 0": (0.75, 3.4), "temperature 1": (0.62, 2.6)}
 
 
-def _config(stem):
-  gin_config.parse([f"models/{stem}.gin"], ["T5Config.dtype = 'bfloat16'"])
+def _config(stem, dtype="bfloat16"):
+  gin_config.parse([f"models/{stem}.gin"], [f"T5Config.dtype = '{dtype}'"])
   return t5.T5Config()
 
 
@@ -86,7 +86,11 @@ _setup = jax.jit(drafts.t5_draft, static_argnums=(0, 3))
 
 
 # The abstract report: 256-token inputs, a cache of 264 positions filled to
-# 128, batch 1 (the paper's) and 32 (a serving batch), gamma 7.
+# 128, batch 1 (the paper's) and 32 (a serving batch), gamma 7. bfloat16 is
+# what runs; float32 is a control, because XLA:CPU widens bfloat16 dots and
+# scatters to float32 (converting each weight and cache layer and back), which
+# an accelerator's compile does not.
+ABSTRACT_DTYPES = ("bfloat16", "float32")
 ABSTRACT_BATCHES = (1, 32)
 ABSTRACT_INPUT_LEN = 256
 ABSTRACT_CAPACITY = 264
@@ -94,7 +98,10 @@ ABSTRACT_FILLED = 128
 
 
 def abstract_report(gamma):
-  """Each call's compiled costs, keyed '{model}_{tokens}tok_b{batch}'."""
+  """Each call's compiled costs, keyed '{model}_{tokens}tok_b{batch}'.
+
+  The float32 control's keys end in '_float32'.
+  """
   report = {
       "jax": jax.__version__,
       "backend": jax.default_backend(),
@@ -103,33 +110,36 @@ def abstract_report(gamma):
       "filled": ABSTRACT_FILLED,
       "calls": {},
   }
-  for name, stem, num_tokens in (
-      ("target", _TARGET.value, 1),
-      ("target", _TARGET.value, gamma + 1),
-      ("draft", _DRAFT.value, 1),
-  ):
-    config = _config(stem)
-    for batch in ABSTRACT_BATCHES:
-      costs = compiled_costs.call_costs(
-          config,
-          batch,
-          num_tokens,
-          ABSTRACT_INPUT_LEN,
-          ABSTRACT_CAPACITY,
-          ABSTRACT_FILLED,
-      )
-      entry = dataclasses.asdict(costs)
-      entry["bytes_over_needed"] = costs.bytes_over_needed
-      report["calls"][f"{name}_{num_tokens}tok_b{batch}"] = entry
-      print(
-          f"{name:6s} {stem:14s} tokens {num_tokens} batch {batch:2d}: "
-          f"{costs.flops / 1e9:9.2f} GFLOP, {costs.bytes_accessed / 1e9:7.2f}"
-          f" GB accessed, params {costs.param_bytes / 1e9:6.2f} GB, cache "
-          f"{costs.cache_bytes / 1e9:6.3f} GB, ratio "
-          f"{costs.bytes_over_needed:5.2f}, {costs.hlo_ops} HLO ops, "
-          f"{len(costs.cache_moves)} cache-sized copies/transposes",
-          flush=True,
-      )
+  for dtype in ABSTRACT_DTYPES:
+    suffix = "" if dtype == "bfloat16" else f"_{dtype}"
+    for name, stem, num_tokens in (
+        ("target", _TARGET.value, 1),
+        ("target", _TARGET.value, gamma + 1),
+        ("draft", _DRAFT.value, 1),
+    ):
+      config = _config(stem, dtype)
+      for batch in ABSTRACT_BATCHES:
+        costs = compiled_costs.call_costs(
+            config,
+            batch,
+            num_tokens,
+            ABSTRACT_INPUT_LEN,
+            ABSTRACT_CAPACITY,
+            ABSTRACT_FILLED,
+        )
+        entry = dataclasses.asdict(costs)
+        entry["bytes_over_needed"] = costs.bytes_over_needed
+        report["calls"][f"{name}_{num_tokens}tok_b{batch}{suffix}"] = entry
+        print(
+            f"{dtype:8s} {name:6s} {stem:14s} tokens {num_tokens} batch "
+            f"{batch:2d}: {costs.flops / 1e9:9.2f} GFLOP, "
+            f"{costs.bytes_accessed / 1e9:7.2f} GB accessed, params "
+            f"{costs.param_bytes / 1e9:6.2f} GB, cache "
+            f"{costs.cache_bytes / 1e9:6.3f} GB, ratio "
+            f"{costs.bytes_over_needed:5.2f}, {costs.hlo_ops} HLO ops, "
+            f"{len(costs.cache_moves)} cache-sized copies/transposes",
+            flush=True,
+        )
   return report
 
 

@@ -112,7 +112,7 @@ def decode_path_param_bytes(config, params, num_lookups):
 def needed_cache_bytes(cache, filled):
   """K/V bytes a call reads: self-attention up to `filled`, all of cross."""
   self_kv = sum(
-      _nbytes(x) * filled // x.shape[1] for x in cache.keys + cache.values
+      _nbytes(x) * filled // cache.max_length for x in cache.keys + cache.values
   )
   cross_kv = sum(_nbytes(x) for x in cache.cross_keys + cache.cross_values)
   return self_kv + cross_kv
@@ -175,7 +175,11 @@ def call_costs(
   def call(params, tokens, cache):
     return t5.make_decode_fn(model, params)(tokens, cache)
 
-  compiled = jax.jit(call).lower(params, tokens, cache).compile()
+  # The cache is donated, as the decode loops carry it: a call updates it in
+  # place rather than copying what it does not write.
+  compiled = (
+      jax.jit(call, donate_argnums=2).lower(params, tokens, cache).compile()
+  )
   analysis = compiled.cost_analysis()
   # One dict, or (older jax) a list holding one per program.
   if isinstance(analysis, (list, tuple)):

@@ -42,7 +42,8 @@ LOGICAL_AXIS_RULES = (
     ("kv", None),
     ("length", None),
     ("relpos_buckets", None),
-    # Decode caches: [batch, sequence, heads, kv] keys and values.
+    # Decode caches: keys [batch, heads, kv, sequence], values [batch, heads,
+    # sequence, kv].
     ("cache_batch", "data"),
     ("cache_sequence", None),
     ("cache_heads", "model"),

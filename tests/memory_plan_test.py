@@ -113,8 +113,8 @@ class PerDeviceBytesTest(absltest.TestCase):
     cache = memory_plan.cache_shapes(
         config, memory_plan.param_shapes(config), 3, 7, 12
     )
-    self.assertEqual(cache.keys[0].shape, (3, 12, 2, 4))
-    self.assertEqual(cache.cross_keys[0].shape, (3, 7, 2, 4))
+    self.assertEqual(cache.keys[0].shape, (3, 2, 4, 12))
+    self.assertEqual(cache.cross_keys[0].shape, (3, 2, 4, 7))
     self.assertEqual(cache.cross_keys[0].dtype, jnp.bfloat16)
 
   def test_meshes(self):

@@ -178,7 +178,7 @@ class ShardedDecodingTest(parameterized.TestCase):
     self.assertEqual(inputs.sharding.spec, P("data", None))
     cache = decoders.setup("target", inputs, 16).cache
     for keys in cache.keys + cache.values + cache.cross_keys:
-      self.assertEqual(keys.sharding.spec, P("data", None, "model", None))
+      self.assertEqual(keys.sharding.spec, P("data", "model", None, None))
     self.assertEqual(cache.lengths.sharding.spec, P("data"))
     self.assertEqual(cache.encoder_mask.sharding.spec, P("data", None))
     draft_cache = decoders.setup("draft", inputs, 16).cache
@@ -272,7 +272,7 @@ class ShardedDecodingTest(parameterized.TestCase):
         self.assertEqual(mine.sharding, theirs.sharding)
       self.assertEqual(
           draft.cache.cross_keys[0].sharding.spec,
-          P("data", None, "model", None),
+          P("data", "model", None, None),
       )
       outputs[mesh_shape] = decode(decoders, self.inputs)
     for temperature, (baseline, spec) in outputs[(1, 1)].items():

@@ -92,11 +92,17 @@ class StepCostsTest(absltest.TestCase):
     self.assertEqual(
         set(calls),
         {
-            f"{name}_{tokens}tok_b{batch}"
+            f"{name}_{tokens}tok_b{batch}{suffix}"
             for name, tokens in (("target", 1), ("target", _GAMMA + 1))
             + (("draft", 1),)
             for batch in (1, 32)
+            for suffix in ("", "_float32")
         },
+    )
+    # The float32 control's parameters take twice the bytes.
+    self.assertEqual(
+        calls["target_1tok_b1_float32"]["param_bytes"],
+        2 * calls["target_1tok_b1"]["param_bytes"],
     )
     # The tiny T5 as target and as draft: the same 1-token calls.
     self.assertEqual(calls["target_1tok_b32"], calls["draft_1tok_b32"])

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import compiled_costs
 from spec_decode.models import layers
 from spec_decode.models import t5
 
@@ -164,7 +165,7 @@ class CachedDecodeTest(parameterized.TestCase):
     before = np.asarray(cache.keys[0])
     logits, after = self._decode(model, params, targets[:, 6:10], cache)
     np.testing.assert_array_equal(
-        np.asarray(after.keys[0])[:, :6], before[:, :6]
+        np.asarray(after.keys[0])[..., :6], before[..., :6]
     )
     # Positions 6 and 7 fit: they hold what one 8-token write puts there,
     # and their logits are the teacher-forced ones. Tokens 8 and 9 leave no
@@ -409,6 +410,27 @@ class LogitsDtypeTest(parameterized.TestCase):
         and re.search(r"tensor<(16x97|97x16)xbf16>", line)
     ]
     self.assertEqual(widened, [])
+
+
+class CacheLayoutTest(parameterized.TestCase):
+  """Attention reads the cache as laid out: no copy or transpose of it."""
+
+  @parameterized.product(
+      dtype=("float32", "bfloat16"), batch=(1, 4), num_tokens=(1, 5)
+  )
+  def test_compiled_decode_moves_no_cache(self, dtype, batch, num_tokens):
+    # Heads as wide as a real model's relative to T, so that one layer's
+    # keys outweigh the [B, H, T, L] float32 attention scores.
+    config = dataclasses.replace(_config("t5_1_1"), head_dim=32, dtype=dtype)
+    costs = compiled_costs.call_costs(
+        config,
+        batch_size=batch,
+        num_tokens=num_tokens,
+        input_len=16,
+        capacity=64,
+        filled=20,
+    )
+    self.assertEqual(costs.cache_moves, ())
 
 
 class TorchReferenceTest(parameterized.TestCase):

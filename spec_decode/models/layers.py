@@ -200,10 +200,16 @@ class RelativePositionBias(nn.Module):
 def dot_product_attention(query, key, value, bias, mask, dtype):
   """T5 attention: no 1/sqrt(d) scaling (t5x folds it into the query init).
 
+  Keys and values come in the cache's layout: keys [B, H, D, S] and values
+  [B, H, S, D], each the right-hand operand of its dot as a matmul reads it
+  (batch dims first, then the contracted dim for keys and the kept dim for
+  values). XLA then reads the cache in place, with no transpose or copy of
+  it, at any batch and any number of new tokens.
+
   Args:
     query: [B, T, H, D].
-    key: [B, S, H, D].
-    value: [B, S, H, D].
+    key: [B, H, D, S].
+    value: [B, H, S, D].
     bias: float32 broadcastable to [B, H, T, S], or None.
     mask: bool broadcastable to [B, H, T, S]; False means masked out.
     dtype: the dtype of the returned values.
@@ -212,13 +218,13 @@ def dot_product_attention(query, key, value, bias, mask, dtype):
     [B, T, H, D] in `dtype`.
   """
   logits = jnp.einsum(
-      "bthd,bshd->bhts", query, key, preferred_element_type=jnp.float32
+      "bthd,bhds->bhts", query, key, preferred_element_type=jnp.float32
   )
   if bias is not None:
     logits = logits + bias
   logits = jnp.where(mask, logits, MASK_VALUE)
   weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
-  return jnp.einsum("bhts,bshd->bthd", weights, value)
+  return jnp.einsum("bhts,bhsd->bthd", weights, value)
 
 
 class MultiHeadAttention(nn.Module):
@@ -249,11 +255,15 @@ class MultiHeadAttention(nn.Module):
     return self._heads(self.query(x))
 
   def project_key_value(self, x):
-    """[B, S, E] -> keys and values, each [B, S, H, D]."""
-    return self._heads(self.key(x)), self._heads(self.value(x))
+    """[B, S, E] -> keys [B, H, D, S] and values [B, H, S, D]."""
+    # [B, S, H, D] -> [B, H, D, S] and [B, H, S, D]
+    keys = jnp.transpose(self._heads(self.key(x)), (0, 2, 3, 1))
+    values = jnp.transpose(self._heads(self.value(x)), (0, 2, 1, 3))
+    return keys, values
 
   def attend(self, query, key, value, bias, mask):
-    """Attention of [B, T, H, D] queries over [B, S, H, D] -> [B, T, E]."""
+    """[B, T, H, D] queries -> [B, T, E], over keys [B, H, D, S], values
+    [B, H, S, D]."""
     x = dot_product_attention(query, key, value, bias, mask, self.dtype)
     # [B, T, H, D] -> [B, T, H * D]
     x = x.reshape(x.shape[:-2] + (self.num_heads * self.head_dim,))

@@ -37,13 +37,15 @@ class DecodeCache:
   """The decoder's state for a batch of rows.
 
   L is the cache's capacity in decoder positions, S the encoder's length.
+  Keys are [B, H, D, L] and values [B, H, L, D]: the layouts attention reads
+  without a transpose or copy (`layers.dot_product_attention`).
 
   Attributes:
-    keys: one [B, L, H, D] array of self-attention keys per decoder layer.
-    values: one [B, L, H, D] array of self-attention values per layer.
-    cross_keys: one [B, S, H, D] array per layer, projected once from the
+    keys: one [B, H, D, L] array of self-attention keys per decoder layer.
+    values: one [B, H, L, D] array of self-attention values per layer.
+    cross_keys: one [B, H, D, S] array per layer, projected once from the
       encoder's output.
-    cross_values: one [B, S, H, D] array per layer.
+    cross_values: one [B, H, S, D] array per layer.
     encoder_mask: bool [B, S], True at the real (non-padding) input tokens.
     lengths: int32 [B], the decoder tokens written for each row. Positions at
       or beyond a row's length are masked and free to be overwritten.
@@ -58,19 +60,23 @@ class DecodeCache:
 
   @property
   def max_length(self):
-    return self.keys[0].shape[1]
+    return self.values[0].shape[2]
 
   def logical_axes(self):
     """This cache's structure with each leaf's logical axes, a PartitionSpec."""
-    kv = jax.sharding.PartitionSpec(
-        "cache_batch", "cache_sequence", "cache_heads", "cache_kv"
+    k = jax.sharding.PartitionSpec(
+        "cache_batch", "cache_heads", "cache_kv", "cache_sequence"
     )
-    per_layer = tuple(kv for _ in self.keys)
+    v = jax.sharding.PartitionSpec(
+        "cache_batch", "cache_heads", "cache_sequence", "cache_kv"
+    )
+    keys = tuple(k for _ in self.keys)
+    values = tuple(v for _ in self.values)
     return DecodeCache(
-        keys=per_layer,
-        values=per_layer,
-        cross_keys=per_layer,
-        cross_values=per_layer,
+        keys=keys,
+        values=values,
+        cross_keys=keys,
+        cross_values=values,
         encoder_mask=jax.sharding.PartitionSpec("cache_batch", None),
         lengths=jax.sharding.PartitionSpec("cache_batch"),
     )
@@ -153,7 +159,7 @@ class DecoderLayer(nn.Module):
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
   def cross_key_values(self, encoded):
-    """[B, S, E] -> cross-attention keys and values, each [B, S, H, D]."""
+    """[B, S, E] -> cross-attention keys [B, H, D, S], values [B, H, S, D]."""
     return self.encoder_decoder_attention.project_key_value(encoded)
 
   def __call__(
@@ -173,9 +179,9 @@ class DecoderLayer(nn.Module):
       x: [B, T, E], the new positions' inputs.
       bias: float32 [B or 1, H, T, K], the self-attention position bias.
       self_mask: bool [B or 1, 1, T, K].
-      cross: (keys, values), each [B, S, H, D].
+      cross: (keys [B, H, D, S], values [B, H, S, D]).
       cross_mask: bool [B, 1, 1, S].
-      cached: (keys, values), each [B, K, H, D], to write the new positions
+      cached: (keys [B, H, D, K], values [B, H, K, D]), to write the new positions
         into; or None to attend among the T positions alone (then K = T).
       positions: int32 [B, T], where the new positions go in `cached`.
       deterministic: disables dropout.
@@ -186,10 +192,18 @@ class DecoderLayer(nn.Module):
     h = self.pre_self_attention_layer_norm(x)
     keys, values = self.self_attention.project_key_value(h)
     if cached is not None:
-      rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
+      rows = jnp.arange(x.shape[0])[:, None, None]  # [B, 1, 1]
+      heads = jnp.arange(keys.shape[1])[None, :, None]  # [1, H, 1]
+      slots = positions[:, None, :]  # [B, 1, T]
       # Overwrite at explicit positions; writes past capacity are dropped.
-      keys = cached[0].at[rows, positions].set(keys, mode="drop")
-      values = cached[1].at[rows, positions].set(values, mode="drop")
+      # Either write indexes [B, H, T] entries of D elements, so the keys
+      # go in as [B, H, D, T] -> [B, H, T, D].
+      keys = (
+          cached[0]
+          .at[rows, heads, :, slots]
+          .set(jnp.swapaxes(keys, 2, 3), mode="drop")
+      )
+      values = cached[1].at[rows, heads, slots].set(values, mode="drop")
       cached = (keys, values)
     h = self.self_attention.attend(
         self.self_attention.project_query(h), keys, values, bias, self_mask
@@ -233,7 +247,7 @@ class Decoder(nn.Module):
       )
 
   def cross_key_values(self, encoded):
-    """Per layer, the cross-attention (keys, values), each [B, S, H, D]."""
+    """Per layer, the cross-attention keys [B, H, D, S], values [B, H, S, D]."""
     return [layer.cross_key_values(encoded) for layer in self.layers]
 
   def __call__(
@@ -254,7 +268,7 @@ class Decoder(nn.Module):
       key_positions: int32 [K], the positions of the attended keys.
       cross: per layer, the cross-attention (keys, values).
       encoder_mask: bool [B, S].
-      cached: per layer, (keys, values) each [B, K, H, D], or None when the
+      cached: per layer, (keys [B, H, D, K], values [B, H, K, D]), or None when the
         T tokens are the whole sequence (then K = T).
       deterministic: disables dropout.
 
@@ -344,14 +358,17 @@ class Transformer(nn.Module):
     cfg = self.config
     batch = encoded.shape[0]
     cross = self.decoder.cross_key_values(encoded)
-    shape = (batch, max_length, cfg.num_heads, cfg.head_dim)
-    zeros = tuple(
-        jnp.zeros(shape, cfg.activation_dtype)
-        for _ in range(cfg.num_decoder_layers)
-    )
+
+    def zeros(*shape):
+      return tuple(
+          jnp.zeros(shape, cfg.activation_dtype)
+          for _ in range(cfg.num_decoder_layers)
+      )
+
+    heads, head_dim = cfg.num_heads, cfg.head_dim
     return DecodeCache(
-        keys=zeros,
-        values=zeros,
+        keys=zeros(batch, heads, head_dim, max_length),
+        values=zeros(batch, heads, max_length, head_dim),
         cross_keys=tuple(k for k, _ in cross),
         cross_values=tuple(v for _, v in cross),
         encoder_mask=encoder_input_tokens > 0,

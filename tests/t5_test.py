@@ -330,6 +330,28 @@ class RelativePositionBucketTest(absltest.TestCase):
       want = [reference(r, bidirectional) for r in relative]
       np.testing.assert_array_equal(got, want)
 
+  def test_bias_in_the_activation_dtype(self):
+    # The float32 table's entries, looked up at each (query, key) bucket and
+    # rounded once to the activation dtype; laid out [B, H, T, S].
+    query_positions = jnp.asarray([[3, 4], [7, 8]])  # [B=2, T=2]
+    key_positions = jnp.arange(10)
+    for dtype in (jnp.float32, jnp.bfloat16):
+      module = layers.RelativePositionBias(4, 32, 128, False, dtype)
+      variables = module.init(jax.random.key(0), query_positions, key_positions)
+      bias = module.apply(variables, query_positions, key_positions)
+      self.assertEqual(bias.dtype, dtype)
+      self.assertEqual(bias.shape, (2, 4, 2, 10))
+      table = np.asarray(variables["params"]["rel_embedding"].unbox())
+      self.assertEqual(table.dtype, np.float32)
+      buckets = layers.relative_position_bucket(
+          key_positions[None, None, :] - query_positions[:, :, None],
+          False,
+          32,
+          128,
+      )
+      want = np.transpose(table[:, np.asarray(buckets)], (1, 0, 2, 3))
+      np.testing.assert_array_equal(bias, jnp.asarray(want).astype(dtype))
+
 
 class ParamTreeTest(absltest.TestCase):
 

@@ -160,7 +160,12 @@ def relative_position_bucket(
 
 
 class RelativePositionBias(nn.Module):
-  """One bias table per stack, shared by all of its layers."""
+  """One bias table per stack, shared by all of its layers.
+
+  The table is a float32 parameter; the biases come out in `dtype`, the
+  activation dtype (as t5x computes them), and are gathered once per call per
+  stack. Each layer adds them to its float32 attention logits in a fused add.
+  """
 
   num_heads: int
   num_buckets: int
@@ -177,7 +182,7 @@ class RelativePositionBias(nn.Module):
       key_positions: int32 [S], each key's absolute position.
 
     Returns:
-      float32 [B or 1, heads, T, S].
+      [B or 1, heads, T, S] in `dtype`.
     """
     table = self.param(
         "rel_embedding",
@@ -193,7 +198,7 @@ class RelativePositionBias(nn.Module):
         relative, self.bidirectional, self.num_buckets, self.max_distance
     )
     # [H, buckets] -> [H, B, T, S] -> [B, H, T, S]
-    bias = jnp.take(table.astype(jnp.float32), buckets, axis=1)
+    bias = jnp.take(table.astype(self.dtype), buckets, axis=1)
     return jnp.transpose(bias, (1, 0, 2, 3))
 
 
@@ -210,7 +215,7 @@ def dot_product_attention(query, key, value, bias, mask, dtype):
     query: [B, T, H, D].
     key: [B, H, D, S].
     value: [B, H, S, D].
-    bias: float32 broadcastable to [B, H, T, S], or None.
+    bias: broadcastable to [B, H, T, S], or None.
     mask: bool broadcastable to [B, H, T, S]; False means masked out.
     dtype: the dtype of the returned values.
 

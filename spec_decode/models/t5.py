@@ -119,7 +119,11 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.relpos_bias = layers.RelativePositionBias(
-        cfg.num_heads, cfg.num_buckets, cfg.max_distance, bidirectional=True
+        cfg.num_heads,
+        cfg.num_buckets,
+        cfg.max_distance,
+        bidirectional=True,
+        dtype=cfg.activation_dtype,
     )
     self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
     self.encoder_norm = layers.RmsNorm(cfg.activation_dtype)
@@ -177,7 +181,7 @@ class DecoderLayer(nn.Module):
 
     Args:
       x: [B, T, E], the new positions' inputs.
-      bias: float32 [B or 1, H, T, K], the self-attention position bias.
+      bias: [B or 1, H, T, K], the self-attention position bias.
       self_mask: bool [B or 1, 1, T, K].
       cross: (keys [B, H, D, S], values [B, H, S, D]).
       cross_mask: bool [B, 1, 1, S].
@@ -230,7 +234,11 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.relpos_bias = layers.RelativePositionBias(
-        cfg.num_heads, cfg.num_buckets, cfg.max_distance, bidirectional=False
+        cfg.num_heads,
+        cfg.num_buckets,
+        cfg.max_distance,
+        bidirectional=False,
+        dtype=cfg.activation_dtype,
     )
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = layers.RmsNorm(cfg.activation_dtype)

@@ -12,6 +12,10 @@ training goes on from there instead of from random weights.
   output axis. Heads and MLP units are tiled likewise: the kernels that make
   them tile their output axis, the kernels that sum them (attention `out`,
   MLP `wo`) tile their input axis and divide by f_H or f_m.
+- A shared-encoder draft's `encoder_projection` [E, d] writes the encoding
+  its cross-attention reads: it tiles along its output axis, like any kernel
+  that writes to the residual stream. With every factor 1 and no layers
+  appended, growth is the identity: a trained model restarts as it is.
 - Depth: stacks grow by appending layers whose output kernels (attention
   `out` and MLP `wo`) are zero, so each is the identity on the residual
   stream; their other kernels keep their random initialization, so the
@@ -84,6 +88,8 @@ def _grow_leaf(path, small, large, factors, head_dim):
     return _tile(_tile(small, 0, f_d, divide=True), 1, f_m)
   if name == "wo":  # [m, d]
     return _tile(_tile(small, 0, f_m, divide=True), 1, f_d)
+  if name == "encoder_projection":  # [E, d]
+    return _tile(small, 1, f_d)
   raise GrowthError(f"no growth rule for parameter {'/'.join(path)}")
 
 

@@ -101,6 +101,36 @@ class GrowTest(absltest.TestCase):
         float(np.std(layer["self_attention"]["query"]["kernel"])), 0.0
     )
 
+  def test_shared_encoder_draft_grows_and_restarts_as_it_is(self):
+    small = dataclasses.replace(
+        SMALL, num_encoder_layers=0, shared_encoder_dim=24
+    )
+    large = dataclasses.replace(
+        LARGE, num_encoder_layers=0, shared_encoder_dim=24
+    )
+    rng = np.random.default_rng(0)
+    encoded = jnp.asarray(rng.normal(size=(2, 7, 24)), jnp.float32)
+    inputs = jnp.asarray(rng.integers(2, 64, size=(2, 7)), jnp.int32)
+    targets = jnp.asarray(rng.integers(2, 64, size=(2, 5)), jnp.int32)
+
+    def logits(config, params):
+      return t5.Transformer(config).apply(
+          {"params": params}, inputs, targets, target_encoded=encoded
+      )
+
+    source = _trained_like(small, 0)
+    expected = logits(small, source)
+    self.assertGreater(float(jnp.std(expected)), 0.1)
+    for config in (large, small):
+      grown = growth.grow(
+          source, t5.init_params(config, jax.random.key(2)), config.head_dim
+      )
+      np.testing.assert_allclose(
+          logits(config, grown), expected, rtol=1e-5, atol=2e-5
+      )
+    # The same shapes: every leaf comes back unchanged.
+    jax.tree.map(np.testing.assert_array_equal, grown, source)
+
   def test_non_integer_factor_is_refused(self):
     odd = dataclasses.replace(LARGE, emb_dim=40)
     with self.assertRaisesRegex(

@@ -16,12 +16,10 @@ parameters are loaded sharded, rows are split over its 'data' axis, and on
 several hosts each host feeds its own rows and host 0 writes the results.
 """
 
-import pathlib
 from typing import Any
 
 import gin
 import jax
-import tqdm
 
 from spec_decode import call_costs
 from spec_decode import calibration as calibration_lib
@@ -31,10 +29,10 @@ from spec_decode import inputs as inputs_lib
 from spec_decode import lookup
 from spec_decode import pair
 from spec_decode import partitioning
+from spec_decode import run_batches
 from spec_decode import run_outputs
 from spec_decode import run_totals
 from spec_decode import sampling
-from spec_decode import timing
 from spec_decode import verify
 
 DRAFT_KINDS = ("t5", "target", "unigram", "bigram", "lookup")
@@ -52,13 +50,6 @@ def ngram_params(kind, corpus_path, vocabulary, vocab_size):
   ]
   count = drafts.count_unigrams if kind == "unigram" else drafts.count_bigrams
   return count(sequences, vocab_size)
-
-
-def _text(vocabulary, ids):
-  ids = [int(i) for i in ids]
-  if inputs_lib.EOS_ID in ids:
-    ids = ids[: ids.index(inputs_lib.EOS_ID)]
-  return vocabulary.decode(ids)
 
 
 def _check_args(
@@ -164,6 +155,59 @@ def run(
     writer = run_outputs.Writer(output_dir)  # Before any work: is it writable?
   texts = inputs_lib.read_inputs()
   encoded = inputs_lib.encode(texts, vocabulary, max_input_len, truncate_inputs)
+  decoders = _decoders(
+      draft, vocabulary, batch_size, ngram_corpus, replicate_draft
+  )
+  batches = list(inputs_lib.batches(encoded.tokens, batch_size))
+  speculative, calibration = _speculative_settings(
+      decoders,
+      batches[:calibration_batches],
+      seed,
+      gamma,
+      max_gamma,
+      max_decode_len=max_decode_len,
+      config=config,
+      verifier=verifier,
+      draft_threshold=draft_threshold,
+  )
+  totals, seconds = run_batches.decode(
+      decoders,
+      batches,
+      texts,
+      vocabulary,
+      writer,
+      batch_size=batch_size,
+      seed=seed,
+      timing_repeats=timing_repeats,
+      progress=progress,
+      allow_nonfinite=allow_nonfinite,
+      output_dir=output_dir,
+      **speculative,
+  )
+  results = _results(
+      decoders,
+      batches[0][0],
+      totals,
+      seconds=seconds,
+      calibration=calibration,
+      num_inputs=len(texts),
+      num_truncated=encoded.num_truncated,
+      **speculative,
+  )
+  if writer is not None:
+    writer.finish(results, gin.operative_config_str())
+    if progress:
+      print(writer.summary())
+  return results
+
+
+def _decoders(draft, vocabulary, batch_size, ngram_corpus, replicate_draft):
+  """The run's engine, once the vocabulary, the pair and the mesh fit.
+
+  Raises:
+    ValueError: when the vocabulary outgrows the target's, a t5 draft does
+      not match the target, or batch_size does not split over the mesh.
+  """
   target_config = pair.model_config("target")
   _check_vocabulary(vocabulary, target_config)
   if draft == "t5":
@@ -175,100 +219,95 @@ def run(
         f"axis of {mesh.shape['data']} devices; set make_mesh.model_parallel "
         "or make_mesh.num_devices, or the batch size"
     )
-  decoders = _engine(
+  return _engine(
       mesh, draft, target_config, vocabulary, ngram_corpus, replicate_draft
   )
-  batches = list(inputs_lib.batches(encoded.tokens, batch_size))
+
+
+def _speculative_settings(
+    decoders, batches, seed, gamma, max_gamma, **settings
+):
+  """The speculative decoder's settings, with gamma='auto' calibrated.
+
+  Args:
+    decoders: the run's engine.Engine.
+    batches: the first `calibration_batches` (tokens, real rows) pairs.
+    seed: the run's sampling seed.
+    gamma: run.gamma: an int, or 'auto' to choose one in 1..max_gamma by
+      `calibration_lib.calibrate` on `batches`.
+    max_gamma: the largest gamma 'auto' considers.
+    **settings: max_decode_len, config, verifier and draft_threshold.
+
+  Returns:
+    (the settings with the gamma to decode with, the
+    calibration_lib.Calibration that chose it, or None unless 'auto').
+  """
   calibration = None
   if gamma == "auto":
     calibration = calibration_lib.calibrate(
         decoders,
-        [
-            decoders.place_inputs(inputs_lib.trim(batch))
-            for batch, _ in batches[:calibration_batches]
-        ],
+        [decoders.place_inputs(inputs_lib.trim(batch)) for batch, _ in batches],
         max_gamma=max_gamma,
-        max_decode_len=max_decode_len,
-        config=config,
-        verifier=verifier,
+        max_decode_len=settings["max_decode_len"],
+        config=settings["config"],
+        verifier=settings["verifier"],
         rng=jax.random.key(seed),
     )
     gamma = calibration.gamma
-  totals = run_totals.RunTotals(gamma)
-  baseline_time = speculative_time = 0.0
-  seen_shapes = set()
-  for index, (batch, num_real) in enumerate(
-      tqdm.tqdm(
-          batches,
-          desc="decoding",
-          unit="batch",
-          disable=not progress or jax.process_index() != 0,
-      )
-  ):
-    placed = decoders.place_inputs(inputs_lib.trim(batch))
-    # Each new input length compiles both decoders: untimed.
-    warm_up = placed.shape not in seen_shapes
-    seen_shapes.add(placed.shape)
-    (base, spec), seconds = _decode_both(
-        decoders,
-        placed,
-        jax.random.fold_in(jax.random.key(seed), index),
-        timing_repeats,
-        warm_up,
-        gamma=gamma,
-        max_decode_len=max_decode_len,
-        config=config,
-        verifier=verifier,
-        draft_threshold=draft_threshold,
-    )
-    baseline_time += seconds[0]
-    speculative_time += seconds[1]
-    same, nonfinite = totals.add(base, spec, num_real)
-    if writer is not None:
-      writer.add_rows(
-          _rows(
-              texts[index * batch_size : index * batch_size + num_real],
-              vocabulary,
-              base,
-              spec,
-              same,
-              nonfinite,
-          )
-      )
-    if totals.nonfinite_rows and not allow_nonfinite:
-      if writer is not None:
-        writer.close()
-      raise _nonfinite_error(
-          totals.nonfinite_rows, index * batch_size + num_real, output_dir
-      )
+  return dict(gamma=gamma, **settings), calibration
 
+
+def _results(
+    decoders,
+    first_batch,
+    totals,
+    *,
+    seconds,
+    calibration,
+    num_inputs,
+    num_truncated,
+    **speculative,
+):
+  """The run's results: its totals, its call costs and its gamma policy.
+
+  Args:
+    decoders: the run's engine.Engine.
+    first_batch: the first batch's tokens; the call costs are measured on it.
+    totals: the run's run_totals.RunTotals.
+    seconds: (baseline seconds, speculative seconds) over the batches.
+    calibration: gamma='auto''s calibration_lib.Calibration, or None.
+    num_inputs: the inputs decoded.
+    num_truncated: those of them cut to max_input_len.
+    **speculative: the speculative decoder's settings (gamma,
+      max_decode_len, config, verifier, draft_threshold).
+
+  Returns:
+    The results dict of `run`.
+  """
+  gamma = speculative["gamma"]
   costs = call_costs.measure(
       decoders,
-      decoders.place_inputs(inputs_lib.trim(batches[0][0])),
+      decoders.place_inputs(inputs_lib.trim(first_batch)),
       gamma,
-      max_decode_len,
+      speculative["max_decode_len"],
   )
   results = run_totals.results(
       totals,
-      baseline_time,
-      speculative_time,
+      seconds[0],
+      seconds[1],
       costs,
       gamma,
-      config,
-      len(texts),
-      encoded.num_truncated,
+      speculative["config"],
+      num_inputs,
+      num_truncated,
   )
   results.update(
-      verifier=verifier,
-      draft_threshold=draft_threshold,
+      verifier=speculative["verifier"],
+      draft_threshold=speculative["draft_threshold"],
       gamma_policy="fixed" if calibration is None else "auto",
       calibration=None if calibration is None else calibration.to_json(),
       draft_calls_per_target_call=totals.draft_calls / totals.target_calls,
   )
-  if writer is not None:
-    writer.finish(results, gin.operative_config_str())
-    if progress:
-      print(writer.summary())
   return results
 
 
@@ -299,43 +338,6 @@ def _engine(
   )
 
 
-def _decode_both(decoders, placed, rng, repeats, warm_up, **speculative):
-  """Both decoders on one batch, each timed (the median of `repeats`).
-
-  Returns:
-    ((baseline result, speculative result) on the host, (seconds, seconds)).
-  """
-  common = dict(
-      max_decode_len=speculative["max_decode_len"],
-      config=speculative["config"],
-  )
-  base, base_seconds = timing.timed(
-      lambda: decoders.baseline(placed, rng, **common),
-      repeats,
-      warm_up=warm_up,
-  )
-  spec, spec_seconds = timing.timed(
-      lambda: decoders.speculative(placed, rng, **speculative),
-      repeats,
-      warm_up=warm_up,
-  )
-  return jax.device_get((base, spec)), (base_seconds, spec_seconds)
-
-
-def _rows(texts, vocabulary, base, spec, same, nonfinite):
-  """outputs.jsonl's records of a batch's real rows (one per text)."""
-  return [
-      {
-          "input": text,
-          "baseline": _text(vocabulary, base.sequences[row]),
-          "speculative": _text(vocabulary, spec.sequences[row]),
-          "identical": bool(same[row]),
-          "nonfinite": bool(nonfinite[row]),
-      }
-      for row, text in enumerate(texts)
-  ]
-
-
 def _vocabulary(vocabulary):
   """run.vocabulary, loaded; unset, the target checkpoint's spiece.model."""
   # Imported here: it imports seqio, and with it TensorFlow.
@@ -364,16 +366,6 @@ def _check_policy(verifier, draft_threshold, max_gamma, calibration_batches):
   ):
     if not isinstance(value, int) or value < 1:
       raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
-
-
-def _nonfinite_error(num_rows, num_decoded, output_dir):
-  outputs = pathlib.Path(output_dir) / run_outputs.OUTPUTS_FILE
-  return ValueError(
-      f"{num_rows} of the {num_decoded} rows decoded so far had NaN or "
-      "infinite target logits (a corrupt checkpoint, or overflow in "
-      f"bfloat16), so their outputs are garbage; stopped (rows so far in "
-      f"{outputs}); set run.allow_nonfinite = True to run on and count them"
-  )
 
 
 def _check_vocabulary(vocabulary, target_config):

@@ -30,7 +30,9 @@ from spec_decode import teacher_forced
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", 1000, "Inputs per set.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows per call.")
-_DRAFTS = flags.DEFINE_list("drafts", None, "Names of DRAFTS to score.")
+_DRAFTS = flags.DEFINE_list(
+    "drafts", None, "Names of DRAFTS to score (default all); --t5_drafts add."
+)
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 _T5_DRAFTS = flags.DEFINE_list(
     "t5_drafts",
@@ -139,7 +141,9 @@ def _main(argv):
   from spec_decode import vocabulary  # Imports TensorFlow, after cli.start.
 
   table = _all_drafts()
-  names = _DRAFTS.value or list(table)
+  # --t5_drafts adds to --drafts (or to all of DRAFTS), never drops out.
+  extra = [name for name in table if name not in DRAFTS]
+  names = list(dict.fromkeys((_DRAFTS.value or list(DRAFTS)) + extra))
   unknown = sorted(set(names) - set(table))
   if unknown:
     raise ValueError(f"--drafts: no draft named {', '.join(unknown)}")

@@ -56,11 +56,19 @@ class ConfigsTest(parameterized.TestCase):
       )
 
   @parameterized.parameters(
-      "demo.gin", "demo_9m.gin", "demo_distilled.gin", "demo_shared.gin"
+      ("demo.gin",),
+      ("demo_9m.gin",),
+      ("demo_distilled.gin",),
+      ("demo_shared.gin",),
+      (
+          "demo_shared.gin",
+          "draft/checkpoint_path.path = "
+          "'spec_decode/demo/draft_shared_greedy_48m'",
+      ),
   )
-  def test_embedded_checkpoints_fit_their_configs(self, name):
+  def test_embedded_checkpoints_fit_their_configs(self, name, *bindings):
     os.chdir(_REPO)  # The demo's checkpoint paths are relative to it.
-    gin_config.parse([name], ["run.output_dir = '/tmp/unused'"])
+    gin_config.parse([name], ["run.output_dir = '/tmp/unused'", *bindings])
     for scope in ("target", "draft"):
       loaded = pair.load_model(scope)
       self.assertEqual(

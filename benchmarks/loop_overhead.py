@@ -1,59 +1,75 @@
-r"""The speculative loop's own cost, with the target as its own draft.
+r"""The decoding loops' own cost: an iteration against the calls it makes.
 
-With draft == target every drafted token is accepted (alpha = 1), so each
-iteration emits gamma + 1 tokens for gamma draft calls and one target call on
-gamma + 1 tokens. On the tiny T5 (random weights) this prints, per batch size
-and gamma:
+A speculative iteration makes gamma + 1 model calls: the draft on a 2-token
+chunk, then gamma - 1 single-token draft steps, then the target on gamma + 1
+tokens. A baseline iteration makes one single-token target call. Everything
+else an iteration runs (sampling, the verifier, the bookkeeping of lengths and
+histories, the while loop itself) is the loop's own cost. This prints, per
+batch size and gamma:
 
-- the baseline's and the speculative decoder's ms per emitted token, and the
-  measured speedup (baseline / speculative);
-- c, a draft step's time over a target step's (both one-token calls, so about
-  1 here), and Theorem 3.8's speedup for alpha = 1 and that c;
-- verify / step: the time of the target's (gamma + 1)-token call over a
-  one-token step's. Theorem 3.8 assumes 1 (decoding is memory bound);
-- the loop's overhead, in ms per token: the speculative time minus that of the
-  model calls it makes, (gamma * draft step + verify call) / (gamma + 1), and
-  the baseline's time minus one step.
+- the baseline's and the speculative decoder's ms per emitted token, their
+  speedup, and tokens per target call;
+- each call's time, timed alone in a jitted loop of 64 such calls that
+  carries the cache as the decoders do (so in-graph, as in the loops);
+- iteration / calls: the speculative iteration's time over the sum of its
+  calls' times, and the baseline's iteration over its step. 1 means the
+  loop costs nothing of its own;
+- the same calls made in sequence, as an iteration makes them (draft chunk,
+  draft steps, verify) in a jitted loop with nothing else, and the
+  iteration's time over theirs: the loop's own work alone. Where two models
+  alternate, the sequence costs more than the sum of the calls timed alone:
+  each model's weights leave the CPU's caches while the other one runs.
 
-Each model call is timed alone, in a jitted loop of 64 such calls that carries
-the cache as the decoders do.
+Both decoders run greedily on the same inputs with EOS disabled, so every
+row emits max_decode_len tokens; "same tokens" is the fraction of tokens on
+which they agree (below 1 only where a (gamma + 1)-token pass and a
+one-token pass round a near-tie differently, e.g. under TF32 or bfloat16
+matmuls). The decoders and the call loops are timed in alternation, one run
+of each per round (`timing.interleaved_medians`), and the medians count, so
+that a shared machine's drift reaches every ratio alike.
 
-Both decoders run greedily on the same inputs, with no EOS, so they emit
-max_decode_len tokens per row; "same tokens" is the fraction of them that
-agree (below 1 only where a (gamma + 1)-token pass and a one-token pass round a
-near-tie differently, e.g. under TF32 or bfloat16 matmuls). Times are medians
-of repeated runs after a warm-up run that compiles.
+Models: with --gin_file, the target and T5 draft of a run config (their
+checkpoints); without, the tiny T5 with random weights as its own draft
+(alpha = 1, every drafted token accepted).
 
 Usage:
+  python benchmarks/loop_overhead.py --gin_file=configs/demo.gin \
+      --batch_sizes=1,8 --gammas=4 --max_decode_len=128 \
+      --output=benchmarks/results/loop_overhead_demo.json
   python benchmarks/loop_overhead.py --batch_sizes=1,8 --max_decode_len=64
 """
 
-from absl import app
+import functools
+import json
+
 from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import analysis
+from spec_decode import cli
+from spec_decode import compare  # pylint: disable=unused-import (run configs)
 from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import gin_config
+from spec_decode import pair
 from spec_decode import sampling
-from spec_decode import timing
 from spec_decode import speculative
+from spec_decode import timing
 from spec_decode.models import t5
 
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
-_GAMMAS = flags.DEFINE_list(
-    "gammas", [str(gamma) for gamma in range(1, 9)], "Draft lengths."
-)
-_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Tokens per row.")
+_GAMMAS = flags.DEFINE_list("gammas", ["4"], "Draft lengths.")
+_MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 128, "Tokens per row.")
 _INPUT_LEN = flags.DEFINE_integer("input_len", 16, "Encoder input length.")
-_REPEATS = flags.DEFINE_integer("repeats", 7, "Timed runs; the median counts.")
+_ROUNDS = flags.DEFINE_integer("rounds", 7, "Timed rounds; the median counts.")
 _CALLS = flags.DEFINE_integer("calls", 64, "Calls per timed model-call loop.")
 _MODEL_GIN = flags.DEFINE_string(
-    "model_gin", "models/t5_1_1_tiny.gin", "Model config, under configs/."
+    "model_gin",
+    "models/t5_1_1_tiny.gin",
+    "Without --gin_file: the model config, under configs/.",
 )
+_OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 
 # No token id is negative: the rows never stop early, so both decoders emit
 # max_decode_len tokens per row.
@@ -61,93 +77,222 @@ _NO_EOS = -1
 _GREEDY = sampling.SamplingConfig(temperature=0.0)
 
 
-def main(argv):
-  del argv
+def _models():
+  """(description, target, draft): pair.LoadedModels, draft None for itself."""
+  if cli.GIN_FILES.value:
+    target, draft = pair.load_model("target"), pair.load_model("draft")
+    return ", ".join(cli.GIN_FILES.value), target, draft
   gin_config.parse([_MODEL_GIN.value])
   config = t5.T5Config()
-  model = t5.Transformer(config)
-  params = t5.init_params(config, jax.random.key(0))
-  max_decode_len, repeats = _MAX_DECODE_LEN.value, _REPEATS.value
-  print(f"device: {jax.devices()[0].device_kind}, model: {_MODEL_GIN.value}")
-  print(
-      "batch gamma | base ms/tok  spec ms/tok  speedup |    c  Thm3.8 |"
-      " verify/step | overhead ms/tok: base   spec | same tokens"
+  target = pair.LoadedModel(
+      "target",
+      config,
+      t5.Transformer(config),
+      t5.init_params(config, jax.random.key(0)),
   )
+  return f"{_MODEL_GIN.value} (its own draft)", target, None
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "iterations"))
+def _call_sequence(
+    target_fn, draft_fn, target_cache, draft_cache, position, gamma, iterations
+):
+  """`iterations` times an iteration's calls, alone; the sum of their logits.
+
+  As in `timing.call_loop`, every call starts from `position` and the caches
+  are carried, so that no call is loop invariant or dead.
+  """
+  batch_size = target_cache.lengths.shape[0]
+  tokens = lambda n: jnp.full((batch_size, n), 2, jnp.int32)  # [B, n]
+  lengths = jnp.full((batch_size,), position, jnp.int32)
+
+  def body(_, carry):
+    target_cache, draft_cache, total = carry
+    logits, draft_cache = draft_fn(
+        tokens(2), draft_cache.replace(lengths=lengths)
+    )
+    total += jnp.sum(logits, axis=(1, 2))
+    for _ in range(gamma - 1):
+      logits, draft_cache = draft_fn(tokens(1), draft_cache)
+      total += jnp.sum(logits, axis=(1, 2))
+    logits, target_cache = target_fn(
+        tokens(gamma + 1), target_cache.replace(lengths=lengths)
+    )
+    return target_cache, draft_cache, total + jnp.sum(logits, axis=(1, 2))
+
+  carry = (target_cache, draft_cache, jnp.zeros((batch_size,)))
+  return jax.lax.fori_loop(0, iterations, body, carry)[2]
+
+
+def _runs(target, draft, batch_size, gamma, max_decode_len, calls):
+  """{name: run()}: both decoders, each call loop, and the call sequence."""
+  inputs = np.random.default_rng(0).integers(
+      2, target.config.vocab_size, (batch_size, _INPUT_LEN.value)
+  )
+  capacity = max_decode_len + gamma + 1
+  baseline = drafts.t5_draft(
+      target.model, target.params, inputs, max_decode_len
+  )
+  verifier = drafts.t5_draft(target.model, target.params, inputs, capacity)
+  proposer = (
+      drafts.target_as_draft(verifier.decode_fn, verifier.cache)
+      if draft is None
+      else drafts.t5_draft(draft.model, draft.params, inputs, capacity)
+  )
+  position = max_decode_len // 2
+  run_baseline = lambda: decoding.autoregressive_decode(
+      baseline.decode_fn,
+      baseline.cache,
+      jax.random.key(0),
+      max_decode_len=max_decode_len,
+      eos_id=_NO_EOS,
+      config=_GREEDY,
+  )
+  run_speculative = lambda: speculative.speculative_decode(
+      verifier.decode_fn,
+      proposer.decode_fn,
+      verifier.cache,
+      proposer.cache,
+      jax.random.key(0),
+      gamma=gamma,
+      max_decode_len=max_decode_len,
+      eos_id=_NO_EOS,
+      config=_GREEDY,
+  )
+  return {
+      "baseline": run_baseline,
+      "speculative": run_speculative,
+      "step": timing.call_loop(
+          baseline.decode_fn, baseline.cache, 1, position, calls
+      ),
+      "verify": timing.call_loop(
+          verifier.decode_fn, verifier.cache, gamma + 1, position, calls
+      ),
+      "draft_chunk": timing.call_loop(
+          proposer.decode_fn, proposer.cache, 2, position, calls
+      ),
+      "draft_step": timing.call_loop(
+          proposer.decode_fn, proposer.cache, 1, position, calls
+      ),
+      "sequence": lambda: _call_sequence(
+          verifier.decode_fn,
+          proposer.decode_fn,
+          verifier.cache,
+          proposer.cache,
+          position,
+          gamma,
+          calls,
+      ),
+  }
+
+
+def measure(target, draft, batch_size, gamma, max_decode_len, rounds, calls):
+  """One point: the decoders' and their calls' times, and their ratios.
+
+  Args:
+    target: a pair.LoadedModel.
+    draft: a pair.LoadedModel, or None for the target as its own draft.
+    batch_size, gamma, max_decode_len: the decoding setting.
+    rounds: timed rounds (`timing.interleaved_medians`).
+    calls: calls per timed call loop.
+
+  Returns:
+    A dict of the point's numbers (times in ms).
+  """
+  runs = _runs(target, draft, batch_size, gamma, max_decode_len, calls)
+  seconds = timing.interleaved_medians(runs, rounds)
+  ms = {name: 1e3 * value for name, value in seconds.items()}
+  for name in ("step", "verify", "draft_chunk", "draft_step", "sequence"):
+    ms[name] /= calls
+  result = runs["speculative"]()
+  iterations = int(np.max(np.asarray(result.target_calls)))
+  expected = runs["baseline"]().sequences
+  same = np.asarray(result.sequences) == np.asarray(expected)
+  iteration_calls = ms["verify"] + ms["draft_chunk"]
+  iteration_calls += (gamma - 1) * ms["draft_step"]
+  speculative_iteration = ms["speculative"] / iterations
+  return {
+      "batch_size": batch_size,
+      "gamma": gamma,
+      "baseline_ms_per_token": ms["baseline"] / max_decode_len,
+      "speculative_ms_per_token": ms["speculative"] / max_decode_len,
+      "speedup": ms["baseline"] / ms["speculative"],
+      "tokens_per_target_call": float(
+          np.sum(np.asarray(result.lengths)) / np.sum(result.target_calls)
+      ),
+      "iterations": iterations,
+      "step_ms": ms["step"],
+      "verify_ms": ms["verify"],
+      "draft_chunk_ms": ms["draft_chunk"],
+      "draft_step_ms": ms["draft_step"],
+      "c": ms["draft_step"] / ms["step"],
+      "verify_over_step": ms["verify"] / ms["step"],
+      "speculative_iteration_ms": speculative_iteration,
+      "speculative_calls_ms": iteration_calls,
+      "speculative_iteration_over_calls": speculative_iteration
+      / iteration_calls,
+      "call_sequence_ms": ms["sequence"],
+      "speculative_iteration_over_sequence": speculative_iteration
+      / ms["sequence"],
+      "baseline_iteration_over_step": ms["baseline"]
+      / max_decode_len
+      / ms["step"],
+      "same_tokens": float(np.mean(same)),
+  }
+
+
+def main(argv):
+  with cli.one_line_errors():
+    cli.start(argv)
+    description, target, draft = _models()
+  max_decode_len, rounds = _MAX_DECODE_LEN.value, _ROUNDS.value
+  print(f"device: {jax.devices()[0].device_kind}, models: {description}")
+  print(
+      "batch gamma | base ms/tok  spec ms/tok  speedup tok/call |"
+      " step ms verify ms draft ms | iteration/calls: spec  base |"
+      " sequence ms  iteration/sequence | same"
+  )
+  points = []
   for batch_size in [int(size) for size in _BATCH_SIZES.value]:
-    inputs = np.random.default_rng(0).integers(
-        2, config.vocab_size, (batch_size, _INPUT_LEN.value)
-    )
-    baseline_model = drafts.t5_draft(model, params, inputs, max_decode_len)
-    baseline = lambda: decoding.autoregressive_decode(
-        baseline_model.decode_fn,
-        baseline_model.cache,
-        jax.random.key(0),
-        max_decode_len=max_decode_len,
-        eos_id=_NO_EOS,
-        config=_GREEDY,
-    )
-    baseline_per_token = (
-        timing.median_seconds(baseline, repeats) / max_decode_len
-    )
-    step = timing.seconds_per_call(
-        baseline_model.decode_fn,
-        baseline_model.cache,
-        1,
-        max_decode_len // 2,
-        repeats=repeats,
-        calls=_CALLS.value,
-    )
-    expected = np.asarray(baseline().sequences)
     for gamma in [int(gamma) for gamma in _GAMMAS.value]:
-      target = drafts.t5_draft(
-          model, params, inputs, max_decode_len + gamma + 1
+      point = measure(
+          target,
+          draft,
+          batch_size,
+          gamma,
+          max_decode_len,
+          rounds,
+          _CALLS.value,
       )
-      draft = drafts.target_as_draft(target.decode_fn, target.cache)
-      run = lambda: speculative.speculative_decode(
-          target.decode_fn,
-          draft.decode_fn,
-          target.cache,
-          draft.cache,
-          jax.random.key(0),
-          gamma=gamma,
-          max_decode_len=max_decode_len,
-          eos_id=_NO_EOS,
-          config=_GREEDY,
-      )
-      same = float(np.mean(np.asarray(run().sequences) == expected))
-      speculative_per_token = (
-          timing.median_seconds(run, repeats) / max_decode_len
-      )
-      # Timed back to back, so that a shared machine's load drifts less.
-      draft_step, target_step, verify_call = (
-          timing.seconds_per_call(
-              fn,
-              cache,
-              num_tokens,
-              max_decode_len // 2,
-              repeats=repeats,
-              calls=_CALLS.value,
-          )
-          for fn, cache, num_tokens in [
-              (draft.decode_fn, draft.cache, 1),
-              (target.decode_fn, target.cache, 1),
-              (target.decode_fn, target.cache, gamma + 1),
-          ]
-      )
-      c = draft_step / target_step
-      model_per_token = (gamma * draft_step + verify_call) / (gamma + 1)
+      points.append(point)
       print(
-          f"{batch_size:5d} {gamma:5d} | {1e3 * baseline_per_token:11.3f}"
-          f"  {1e3 * speculative_per_token:11.3f}"
-          f"  {baseline_per_token / speculative_per_token:7.2f} |"
-          f" {c:4.2f}  {analysis.walltime_improvement(1.0, gamma, c):6.2f} |"
-          f" {verify_call / target_step:11.2f} |"
-          f" {1e3 * (baseline_per_token - step):20.3f}"
-          f" {1e3 * (speculative_per_token - model_per_token):6.3f} |"
-          f" {same:11.4f}",
+          f"{batch_size:5d} {gamma:5d} |"
+          f" {point['baseline_ms_per_token']:11.3f}"
+          f"  {point['speculative_ms_per_token']:11.3f}"
+          f"  {point['speedup']:7.2f} {point['tokens_per_target_call']:8.2f} |"
+          f" {point['step_ms']:7.3f} {point['verify_ms']:9.3f}"
+          f" {point['draft_step_ms']:8.3f} |"
+          f" {point['speculative_iteration_over_calls']:20.3f}"
+          f" {point['baseline_iteration_over_step']:5.3f} |"
+          f" {point['call_sequence_ms']:11.3f}"
+          f" {point['speculative_iteration_over_sequence']:19.3f} |"
+          f" {point['same_tokens']:.4f}",
           flush=True,
+      )
+  if _OUTPUT.value:
+    with open(_OUTPUT.value, "w") as f:
+      json.dump(
+          {
+              "device": jax.devices()[0].device_kind,
+              "models": description,
+              "max_decode_len": max_decode_len,
+              "rounds": rounds,
+              "points": points,
+          },
+          f,
+          indent=2,
       )
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

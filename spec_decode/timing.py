@@ -56,16 +56,53 @@ def seconds_per_call(
   Returns:
     Seconds per call.
   """
-  batch_size = cache.lengths.shape[0]
-  tokens = jnp.full((batch_size, num_tokens), 2, jnp.int32)
-  lengths = jnp.full((batch_size,), position, jnp.int32)
   return (
       median_seconds(
-          lambda: _run_calls(decode_fn, cache, tokens, lengths, calls),
-          repeats,
+          call_loop(decode_fn, cache, num_tokens, position, calls), repeats
       )
       / calls
   )
+
+
+def call_loop(decode_fn, cache, num_tokens, position, calls=CALLS_PER_LOOP):
+  """run() for `seconds_per_call`: `calls` jitted calls, timed as one.
+
+  Returns:
+    A function of no arguments that runs the calls.
+  """
+  batch_size = cache.lengths.shape[0]
+  tokens = jnp.full((batch_size, num_tokens), 2, jnp.int32)
+  lengths = jnp.full((batch_size,), position, jnp.int32)
+  return lambda: _run_calls(decode_fn, cache, tokens, lengths, calls)
+
+
+def interleaved_medians(runs, rounds):
+  """Median seconds of each run, timed in turn, one run of each per round.
+
+  On a shared machine the load drifts within seconds; timing the runs in
+  alternation exposes each to the same drift, so that their ratios hold
+  where separate medians would not. Round r starts at run r (mod the number
+  of runs), so that no run always follows the same one (a run can pay for
+  what the previous one left in the caches).
+
+  Args:
+    runs: {name: a function of no arguments returning arrays}.
+    rounds: timed rounds, >= 1, after a compiling warm-up of each run.
+
+  Returns:
+    {name: median seconds}.
+  """
+  for run in runs.values():
+    jax.block_until_ready(run())
+  names = list(runs)
+  times = {name: [] for name in names}
+  for round_index in range(rounds):
+    start = round_index % len(names)
+    for name in names[start:] + names[:start]:
+      begin = time.perf_counter()
+      jax.block_until_ready(runs[name]())
+      times[name].append(time.perf_counter() - begin)
+  return {name: float(np.median(values)) for name, values in times.items()}
 
 
 @functools.partial(jax.jit, static_argnames="calls")

@@ -252,6 +252,21 @@ class SampleTest(absltest.TestCase):
         [False, True, True],
     )
 
+  def test_nonfinite_rows_compiled(self):
+    # Compiled, as in the decoding loops, in both dtypes the models run in.
+    logits = np.zeros((2, 3, 7), np.float32)
+    logits[0, 1, 6] = np.inf
+    logits[1, 0, 0] = -np.inf
+    logits[1, 2, 3] = np.nan
+    logits[0, 2] = 3e38  # Finite in float32 and bfloat16, however large.
+    expected = [[False, True, False], [True, False, True]]
+    for dtype in (jnp.float32, jnp.bfloat16):
+      with self.subTest(dtype=dtype.dtype.name):
+        np.testing.assert_array_equal(
+            jax.jit(sampling.nonfinite_rows)(jnp.asarray(logits, dtype)),
+            expected,
+        )
+
   def test_3d_input(self):
     probs = jax.nn.one_hot(jnp.array([[1, 2], [0, 3]]), 4)
     np.testing.assert_array_equal(

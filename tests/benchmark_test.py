@@ -421,14 +421,14 @@ table2.sweep.progress = False
       )
     self.assertFalse((self.tmp / "bad").exists())
 
-  def test_verifier_and_gamma_policy_axes(self):
+  def test_verifier_and_threshold_axes(self):
     gin_config.parse([self.gin_file])
-    markdown = table2.sweep(
+    table2.sweep(
         [self.gin_file],
         [],
         output_dir=self.tmp / "policies",
         drafts=["bigram"],
-        gammas=[2, "auto"],
+        gammas=[2],
         verifiers=["token", "block"],
         draft_thresholds=[0.0, 0.5],
     )
@@ -436,30 +436,45 @@ table2.sweep.progress = False
         "points"
     ]
     self.assertEqual(
+        [(r["verifier"], r["draft_threshold"]) for r in rows],
         [
-            (r["verifier"], r["draft_threshold"], r["gamma_policy"])
-            for r in rows
-        ],
-        [
-            (verifier, threshold, policy)
+            (verifier, threshold)
             for verifier in ("token", "block")
             for threshold in (0.0, 0.5)
-            for policy in ("fixed", "auto")
         ],
     )
     for row in rows:
       self.assertEqual(row["mismatches"], 0)
-      if row["gamma_policy"] == "auto":
-        self.assertBetween(row["gamma"], 1, 8)
-        self.assertEqual(row["calibration"]["gamma"], row["gamma"])
-        self.assertLen(row["calibration"]["verify_calls"], 8)
-      else:
-        self.assertEqual(row["gamma"], 2)
-        self.assertIsNone(row["calibration"])
+      self.assertEqual((row["gamma"], row["gamma_policy"]), (2, "fixed"))
+      self.assertIsNone(row["calibration"])
       if row["draft_threshold"] == 0:
-        self.assertEqual(row["draft_calls_per_target_call"], row["gamma"])
+        self.assertEqual(row["draft_calls_per_target_call"], 2)
       else:
-        self.assertLessEqual(row["draft_calls_per_target_call"], row["gamma"])
+        self.assertLessEqual(row["draft_calls_per_target_call"], 2)
+
+  def test_gamma_policy_axis(self):
+    # One 'auto' point: its calibration compiles 8 verify calls.
+    axes = dict(
+        drafts=["bigram"],
+        gammas=[2, "auto"],
+        verifiers=["block"],
+        draft_thresholds=[0.5],
+    )
+    gin_config.parse([self.gin_file])
+    markdown = table2.sweep(
+        [self.gin_file], [], output_dir=self.tmp / "auto", **axes
+    )
+    rows = json.loads((self.tmp / "auto" / "table2.json").read_text())["points"]
+    self.assertEqual([r["gamma_policy"] for r in rows], ["fixed", "auto"])
+    fixed, auto = rows
+    self.assertEqual(fixed["gamma"], 2)
+    self.assertIsNone(fixed["calibration"])
+    self.assertBetween(auto["gamma"], 1, 8)
+    self.assertEqual(auto["calibration"]["gamma"], auto["gamma"])
+    self.assertLen(auto["calibration"]["verify_calls"], 8)
+    for row in rows:
+      self.assertEqual(row["mismatches"], 0)
+      self.assertLessEqual(row["draft_calls_per_target_call"], row["gamma"])
     self.assertIn("| auto (", markdown)
     self.assertIn("| block, stop < 0.5 |", markdown)
     # Resuming keeps every point, 'auto' ones included.
@@ -468,12 +483,9 @@ table2.sweep.progress = False
       table2.sweep(
           [self.gin_file],
           [],
-          output_dir=self.tmp / "policies",
-          drafts=["bigram"],
-          gammas=[2, "auto"],
-          verifiers=["token", "block"],
-          draft_thresholds=[0.0, 0.5],
+          output_dir=self.tmp / "auto",
           resume=True,
+          **axes,
       )
 
   def test_bad_verifier_axis_fails_before_any_point(self):

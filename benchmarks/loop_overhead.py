@@ -29,8 +29,9 @@ of each per round (`timing.interleaved_medians`), and the medians count, so
 that a shared machine's drift reaches every ratio alike.
 
 Models: with --gin_file, the target and T5 draft of a run config (their
-checkpoints); without, the tiny T5 with random weights as its own draft
-(alpha = 1, every drafted token accepted).
+checkpoints; the draft may be a shared-encoder one); without, the tiny T5
+with random weights as its own draft (alpha = 1, every drafted token
+accepted).
 
 Usage:
   python benchmarks/loop_overhead.py --gin_file=configs/demo.gin \
@@ -124,6 +125,24 @@ def _call_sequence(
   return jax.lax.fori_loop(0, iterations, body, carry)[2]
 
 
+def _pair(target, draft, inputs, capacity):
+  """The target's and the draft's `drafts.Draft` for `inputs`."""
+  verifier = drafts.t5_draft(target.model, target.params, inputs, capacity)
+  if draft is None:
+    return verifier, drafts.target_as_draft(verifier.decode_fn, verifier.cache)
+  if not draft.config.shared_encoder_dim:
+    return verifier, drafts.t5_draft(
+        draft.model, draft.params, inputs, capacity
+    )
+  # A shared-encoder draft reads the target's encoding of the inputs.
+  target_cache, draft_cache = drafts.shared_encoder_caches(
+      target.model, target.params, draft.model, draft.params, inputs, capacity
+  )
+  return verifier._replace(cache=target_cache), drafts.Draft(
+      t5.make_decode_fn(draft.model, draft.params), draft_cache
+  )
+
+
 def _runs(target, draft, batch_size, gamma, max_decode_len, calls):
   """{name: run()}: both decoders, each call loop, and the call sequence."""
   inputs = np.random.default_rng(0).integers(
@@ -133,12 +152,7 @@ def _runs(target, draft, batch_size, gamma, max_decode_len, calls):
   baseline = drafts.t5_draft(
       target.model, target.params, inputs, max_decode_len
   )
-  verifier = drafts.t5_draft(target.model, target.params, inputs, capacity)
-  proposer = (
-      drafts.target_as_draft(verifier.decode_fn, verifier.cache)
-      if draft is None
-      else drafts.t5_draft(draft.model, draft.params, inputs, capacity)
-  )
+  verifier, proposer = _pair(target, draft, inputs, capacity)
   position = max_decode_len // 2
   run_baseline = lambda: decoding.autoregressive_decode(
       baseline.decode_fn,

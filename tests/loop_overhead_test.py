@@ -18,29 +18,41 @@ _GAMMA = 3
 _DECODE_LEN = 8
 
 
+def _run(*flags):
+  """Runs the script with one timed round and reads its one point."""
+  with tempfile.TemporaryDirectory() as tmp:
+    output = pathlib.Path(tmp) / "loop_overhead.json"
+    subprocess.run(
+        [
+            sys.executable,
+            str(_ROOT / "benchmarks" / "loop_overhead.py"),
+            f"--gammas={_GAMMA}",
+            f"--max_decode_len={_DECODE_LEN}",
+            "--rounds=1",
+            "--calls=2",
+            "--input_len=4",
+            f"--output={output}",
+            *flags,
+        ],
+        check=True,
+        capture_output=True,
+        cwd=_ROOT,
+    )
+    (point,) = json.loads(output.read_text())["points"]
+  return point
+
+
 class LoopOverheadTest(absltest.TestCase):
 
+  def test_shared_encoder_pair_decodes_as_the_baseline(self):
+    # The demo target and its shared-encoder draft, which reads the target's
+    # encoding: greedy, the speculative tokens are the baseline's.
+    point = _run("--gin_file=configs/demo_shared.gin", "--batch_sizes=1")
+    self.assertEqual(point["same_tokens"], 1.0)
+    self.assertGreater(point["draft_step_ms"], 0.0)
+
   def test_tiny_run(self):
-    with tempfile.TemporaryDirectory() as tmp:
-      output = pathlib.Path(tmp) / "loop_overhead.json"
-      subprocess.run(
-          [
-              sys.executable,
-              str(_ROOT / "benchmarks" / "loop_overhead.py"),
-              "--batch_sizes=2",
-              f"--gammas={_GAMMA}",
-              f"--max_decode_len={_DECODE_LEN}",
-              "--rounds=1",
-              "--calls=2",
-              "--input_len=4",
-              f"--output={output}",
-          ],
-          check=True,
-          capture_output=True,
-          cwd=_ROOT,
-      )
-      results = json.loads(output.read_text())
-    (point,) = results["points"]
+    point = _run("--batch_sizes=2")
     self.assertEqual((point["batch_size"], point["gamma"]), (2, _GAMMA))
     self.assertEqual(point["same_tokens"], 1.0)
     self.assertEqual(point["iterations"], _DECODE_LEN // (_GAMMA + 1))

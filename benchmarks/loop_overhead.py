@@ -127,19 +127,11 @@ def _call_sequence(
 
 def _pair(target, draft, inputs, capacity):
   """The target's and the draft's `drafts.Draft` for `inputs`."""
-  verifier = drafts.t5_draft(target.model, target.params, inputs, capacity)
   if draft is None:
+    verifier = drafts.t5_draft(target.model, target.params, inputs, capacity)
     return verifier, drafts.target_as_draft(verifier.decode_fn, verifier.cache)
-  if not draft.config.shared_encoder_dim:
-    return verifier, drafts.t5_draft(
-        draft.model, draft.params, inputs, capacity
-    )
-  # A shared-encoder draft reads the target's encoding of the inputs.
-  target_cache, draft_cache = drafts.shared_encoder_caches(
+  return drafts.t5_pair(
       target.model, target.params, draft.model, draft.params, inputs, capacity
-  )
-  return verifier._replace(cache=target_cache), drafts.Draft(
-      t5.make_decode_fn(draft.model, draft.params), draft_cache
   )
 
 

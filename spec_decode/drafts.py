@@ -6,7 +6,8 @@ the target; `speculative_decode` samples from it with the target's own
 
 - a smaller T5 (`t5_draft`): its bound decode function and cache, set up as
   for the target; a shared-encoder T5 draft has no encoder and reads the
-  target's encoding (`shared_encoder_caches`);
+  target's encoding (`shared_encoder_caches`); `t5_pair` sets up a target and
+  a T5 draft of either kind;
 - n-gram models counted over a token corpus (`count_unigrams`,
   `count_bigrams`), whose "cache" is only the lengths (Leviathan et al., 2023,
   Table 3 reports alpha 0.07-0.13 for unigram and 0.16-0.23 for bigram drafts);
@@ -275,6 +276,50 @@ def t5_draft(
   return Draft(
       decode_fn=t5.make_decode_fn(model, params),
       cache=t5_cache(model, params, encoder_input_tokens, max_length),
+  )
+
+
+def t5_pair(
+    target_model: t5.Transformer,
+    target_params: Any,
+    draft_model: t5.Transformer,
+    draft_params: Any,
+    encoder_input_tokens: jax.Array,
+    max_length: int,
+) -> tuple[Draft, Draft]:
+  """The target and a T5 draft for a batch of inputs, whatever the draft's kind.
+
+  A draft with an encoder of its own encodes the inputs itself (`t5_draft`);
+  a shared-encoder draft (config.shared_encoder_dim) reads the target's one
+  encoding (`shared_encoder_caches`).
+
+  Args:
+    target_model: The target T5.
+    target_params: Its parameters.
+    draft_model: The draft T5.
+    draft_params: Its parameters.
+    encoder_input_tokens: int32 [B, S] inputs, 0 for padding.
+    max_length: Both caches' capacity: max_decode_len + gamma + 1.
+
+  Returns:
+    (target Draft, draft Draft), their caches empty.
+  """
+  if not draft_model.config.shared_encoder_dim:
+    return (
+        t5_draft(target_model, target_params, encoder_input_tokens, max_length),
+        t5_draft(draft_model, draft_params, encoder_input_tokens, max_length),
+    )
+  target_cache, draft_cache = shared_encoder_caches(
+      target_model,
+      target_params,
+      draft_model,
+      draft_params,
+      encoder_input_tokens,
+      max_length,
+  )
+  return (
+      Draft(t5.make_decode_fn(target_model, target_params), target_cache),
+      Draft(t5.make_decode_fn(draft_model, draft_params), draft_cache),
   )
 
 

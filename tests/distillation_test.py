@@ -12,6 +12,7 @@ import gin
 import jax
 import numpy as np
 
+import fake_models
 from spec_decode import data
 from spec_decode import distillation
 from spec_decode import gin_config
@@ -22,15 +23,7 @@ from spec_decode.models import t5
 from spec_decode.models.config import T5Config
 
 # A student and a larger teacher over a 32-token vocabulary.
-STUDENT = T5Config(
-    vocab_size=32,
-    emb_dim=16,
-    num_heads=2,
-    head_dim=8,
-    mlp_dim=32,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-)
+STUDENT = fake_models.tiny_t5(32)
 TEACHER = dataclasses.replace(STUDENT, emb_dim=24, num_decoder_layers=2)
 # A student with no encoder, reading the teacher's (width 24).
 SHARED_STUDENT = dataclasses.replace(

@@ -1,5 +1,7 @@
 """Tests for spec_decode.drafts."""
 
+import dataclasses
+
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import sampling
 from spec_decode import speculative
+from spec_decode.models import t5
 
 # Tokens: BOS/pad 0, EOS 1, then 2..5.
 CORPUS = [[2, 3, 1], [2, 2, 3, 1], [4, 1]]
@@ -123,3 +126,46 @@ class DraftsInspectedTest(absltest.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+class T5PairTest(absltest.TestCase):
+  """`t5_pair` sets up each kind of T5 draft as its own function does."""
+
+  TARGET = fake_models.tiny_t5(97)
+
+  def _check(self, pair, expected, tokens):
+    for mine, theirs in zip(pair, expected):
+      for leaf, want in zip(
+          jax.tree.leaves(mine.cache), jax.tree.leaves(theirs.cache)
+      ):
+        np.testing.assert_array_equal(leaf, want)
+      np.testing.assert_array_equal(
+          mine.decode_fn(tokens, mine.cache)[0],
+          theirs.decode_fn(tokens, theirs.cache)[0],
+      )
+
+  def test_both_draft_kinds(self):
+    inputs = np.array([[5, 9, 3, 1, 0], [7, 2, 1, 0, 0]], np.int32)
+    tokens = jnp.array([[0, 4], [0, 6]], jnp.int32)
+    target = t5.Transformer(self.TARGET)
+    target_params = t5.init_params(self.TARGET, jax.random.key(0))
+    expected_target = drafts.t5_draft(target, target_params, inputs, 9)
+    own = dataclasses.replace(self.TARGET, emb_dim=8, head_dim=4, mlp_dim=16)
+    shared = dataclasses.replace(
+        own, num_encoder_layers=0, shared_encoder_dim=16
+    )
+    for config in (own, shared):
+      with self.subTest(shared_encoder=bool(config.shared_encoder_dim)):
+        model = t5.Transformer(config)
+        params = t5.init_params(config, jax.random.key(1))
+        pair = drafts.t5_pair(target, target_params, model, params, inputs, 9)
+        if config.shared_encoder_dim:
+          _, draft_cache = drafts.shared_encoder_caches(
+              target, target_params, model, params, inputs, 9
+          )
+          expected_draft = drafts.Draft(
+              t5.make_decode_fn(model, params), draft_cache
+          )
+        else:
+          expected_draft = drafts.t5_draft(model, params, inputs, 9)
+        self._check(pair, (expected_target, expected_draft), tokens)

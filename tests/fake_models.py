@@ -14,6 +14,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode.models.config import T5Config
+
+
+def tiny_t5(vocab_size: int) -> T5Config:
+  """The smallest T5 with every part: one layer each side, width 16."""
+  return T5Config(
+      vocab_size=vocab_size,
+      emb_dim=16,
+      num_heads=2,
+      head_dim=8,
+      mlp_dim=32,
+      num_encoder_layers=1,
+      num_decoder_layers=1,
+  )
+
+
 # Rows of the logits table: more than the prefixes a test visits, so that most
 # prefixes get their own row.
 _TABLE_ROWS = 4096

@@ -263,15 +263,7 @@ class SharedEncoderDraftTest(parameterized.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    target_config = t5.T5Config(
-        vocab_size=VOCAB_SIZE,
-        emb_dim=16,
-        num_heads=2,
-        head_dim=8,
-        mlp_dim=32,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-    )
+    target_config = fake_models.tiny_t5(VOCAB_SIZE)
     draft_config = t5.T5Config(
         vocab_size=VOCAB_SIZE,
         emb_dim=8,

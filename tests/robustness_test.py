@@ -52,15 +52,7 @@ _TARGET = t5.T5Config(
     num_encoder_layers=2,
     num_decoder_layers=2,
 )
-_DRAFT = t5.T5Config(
-    vocab_size=_VOCAB,
-    emb_dim=16,
-    num_heads=2,
-    head_dim=8,
-    mlp_dim=32,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-)
+_DRAFT = fake_models.tiny_t5(_VOCAB)
 
 
 class _Poisoned:

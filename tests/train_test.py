@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import fake_models
 from spec_decode import checkpoints
 from spec_decode import data
 from spec_decode import gin_config
@@ -27,15 +28,7 @@ from spec_decode.models import t5
 from spec_decode.models.config import T5Config
 
 # The demo vocabulary with the smallest model that still has every part.
-TINY = T5Config(
-    vocab_size=4096,
-    emb_dim=16,
-    num_heads=2,
-    head_dim=8,
-    mlp_dim=32,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-)
+TINY = fake_models.tiny_t5(4096)
 _MULTI30K_TEST = data.DEMO_DIR / "multi30k"
 
 

@@ -59,6 +59,16 @@ DRAFTS = {
         "models/demo_draft_shared.gin",
         "spec_decode/demo/draft_shared_48m",
     ),
+    "t5_1.4m_shared_encoder_greedy": (
+        "t5",
+        "models/demo_draft_shared.gin",
+        "spec_decode/demo/draft_shared_greedy_48m",
+    ),
+    "t5_1.8m_shared_encoder_2l_greedy": (
+        "t5",
+        "models/demo_draft_shared_2l.gin",
+        "spec_decode/demo/draft_shared2_greedy_48m",
+    ),
     "t5_1.9m_distilled_9.2m": (
         "t5",
         "models/demo_draft.gin",

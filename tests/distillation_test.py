@@ -268,6 +268,23 @@ class DistillLoopTest(absltest.TestCase):
       self.assertEqual(T5Config().shared_encoder_dim, 0)
       self.assertEqual(T5Config().emb_dim, 512)
 
+  def test_two_layer_shared_greedy_config_parses(self):
+    gin_config.parse(
+        ["train/multi30k_draft_shared2_greedy.gin"],
+        ["TARGET_OUTPUTS = 'outputs.de'"],
+    )
+    self.assertEqual(T5Config().shared_encoder_dim, 512)
+    self.assertEqual(T5Config().num_decoder_layers, 2)
+    with gin.config_scope("source"):  # What it grows from.
+      self.assertEqual(T5Config().num_decoder_layers, 1)
+    with gin.config_scope("teacher"):
+      self.assertEqual(T5Config().num_decoder_layers, 6)
+    self.assertEqual(distillation.Distillation().cross_entropy_weight, 0.5)
+    self.assertEqual(
+        gin.query_parameter("train.init_from"),
+        "spec_decode/demo/draft_shared_greedy_48m",
+    )
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -57,6 +57,15 @@ class ParamCountTest(absltest.TestCase):
         counts["demo_draft"] - encoder_params + 512 * 128,
     )
 
+  def test_two_layer_shared_encoder_draft_adds_one_decoder_layer(self):
+    counts = param_count.count_all()
+    gin_config.parse(["models/demo_draft_shared_2l.gin"])
+    layer = t5.param_shapes(T5Config())["decoder"]["layers_1"]
+    self.assertEqual(
+        counts["demo_draft_shared_2l"] - counts["demo_draft_shared"],
+        sum(x.size for x in jax.tree.leaves(layer)),
+    )
+
   def test_published_sizes(self):
     counts = param_count.count_all()
     # t5-small and T5 1.1 XXL as published by their model cards.

@@ -60,6 +60,7 @@ class ConfigsTest(parameterized.TestCase):
       ("demo_9m.gin",),
       ("demo_distilled.gin",),
       ("demo_shared.gin",),
+      ("demo_t5_draft.gin",),
       (
           "demo_shared.gin",
           "draft/checkpoint_path.path = "

@@ -104,7 +104,7 @@ def _check_speculative_decoding(test, numbers):
   test.assertTrue(numbers["identical"])
   sweep = numbers["sweep"]
   test.assertEqual([r["gamma"] for r in sweep], [1, 2, 4])
-  for r, alpha, tokens in zip(sweep, (0.700, 0.701, 0.683), (1.68, 2.03, 2.39)):
+  for r, alpha, tokens in zip(sweep, (0.769, 0.767, 0.740), (1.72, 2.23, 2.63)):
     test.assertEqual(r["mismatches"], 0)
     test.assertAlmostEqual(r["alpha"], r["alpha_estimate"], places=9)
     test.assertEqual(round(r["alpha"], 3), alpha, r)
@@ -114,12 +114,12 @@ def _check_speculative_decoding(test, numbers):
 def _check_acceptance_analysis(test, numbers):
   """notebooks/README.md's figures of acceptance_rates.png, alpha_estimate."""
   greedy, sampled = numbers["greedy"], numbers["temperature 1"]
-  test.assertEqual(greedy["judged"], 499)
-  test.assertEqual(round(greedy["accepted"] / greedy["judged"], 4), 0.6854)
+  test.assertEqual(greedy["judged"], 480)
+  test.assertEqual(round(greedy["accepted"] / greedy["judged"], 4), 0.7854)
   test.assertAlmostEqual(
       greedy["accepted"] / greedy["judged"], greedy["estimate"], places=6
   )
-  test.assertEqual(greedy["by_position"], [218, 145, 82, 54])
+  test.assertEqual(greedy["by_position"], [183, 131, 99, 67])
   # Sampled: the empirical rate within its interval of the estimate.
   test.assertGreater(sampled["judged"], 300)
   test.assertLess(

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from spec_decode import decoding
 from spec_decode import draft_loop
 from spec_decode import sampling
+from spec_decode import speculative_result as result_lib
 from spec_decode import verify as verify_lib
 
 # The token-wise kernels, under the names they had before spec_decode.verify.
@@ -40,72 +41,13 @@ _DRAFT_STREAM = 0
 _COIN_STREAM = 1
 _RESIDUAL_STREAM = 2
 
-# Where each emitted token came from (`SpeculativeResult.token_sources`).
-PADDING = 0
-ACCEPTED = 1  # A drafted token the target accepted.
-REPLACEMENT = 2  # Drawn from the residual after the draft's first rejection.
-BONUS = 3  # Drawn from the target after the draft's block was all accepted.
-
-
-@flax.struct.dataclass
-class SpeculativeResult:
-  """What `speculative_decode` returns, with its statistics per row.
-
-  A drafted token counts as judged when the target ruled on it: the accepted
-  ones plus the first rejected one of each block, up to and including EOS and
-  within max_decode_len.
-
-  Attributes:
-    sequences: int32 [B, max_decode_len] emitted tokens, EOS included, padded
-      with 0 after each row's length.
-    lengths: int32 [B] tokens emitted per row.
-    target_calls: int32 [B] target calls spent on the row while it was live.
-    drafted_tokens: int32 [B] drafted tokens judged.
-    accepted_tokens: int32 [B] drafted tokens accepted.
-    beta_sum: float32 [B] sum, over the positions of the judged drafted tokens,
-      of beta = sum_x min(target_probs(x), draft_probs(x)).
-    token_sources: int32 [B, max_decode_len] where each emitted token came
-      from: ACCEPTED, REPLACEMENT or BONUS (PADDING after the row's length).
-      Each target call emits a run of ACCEPTED tokens closed by one
-      REPLACEMENT or BONUS token (unless EOS or max_decode_len cuts it).
-    rejected_tokens: int32 [B, max_decode_len] at each REPLACEMENT token, the
-      drafted token the target rejected there; -1 elsewhere. (Block
-      verification's replacement may equal it: its residual w p - q can
-      keep mass on the rejected draft.)
-    draft_calls: int32 [B] draft calls spent on the row while it was live
-      (gamma per target call, fewer when the draft stops early).
-    nonfinite: bool [B] whether the target's logits for the row were ever
-      NaN or infinite while it was live (see `decoding.DecodeResult`); None
-      in results built by hand. The draft's are not counted: a NaN draft
-      distribution is only ever rejected.
-  """
-
-  sequences: jax.Array
-  lengths: jax.Array
-  target_calls: jax.Array
-  drafted_tokens: jax.Array
-  accepted_tokens: jax.Array
-  beta_sum: jax.Array
-  token_sources: jax.Array
-  rejected_tokens: jax.Array
-  draft_calls: jax.Array
-  nonfinite: jax.Array | None = None
-
-  def acceptance_rate(self) -> jax.Array:
-    """Empirical alpha: accepted / judged drafted tokens, over all rows."""
-    return jnp.sum(self.accepted_tokens) / jnp.sum(self.drafted_tokens)
-
-  def alpha_estimate(self) -> jax.Array:
-    """The paper's alpha = E[beta] (Corollary 3.6), over positions judged."""
-    return jnp.sum(self.beta_sum) / jnp.sum(self.drafted_tokens)
-
-  def draft_calls_per_target_call(self) -> jax.Array:
-    """Draft calls / target calls, over all rows: gamma without early stop."""
-    return jnp.sum(self.draft_calls) / jnp.sum(self.target_calls)
-
-  def tokens_per_target_call(self) -> jax.Array:
-    """Emitted tokens / target calls, over all rows (Eq. 1 predicts it)."""
-    return jnp.sum(self.lengths) / jnp.sum(self.target_calls)
+# What the loop returns, and where each emitted token came from; also
+# importable from here.
+SpeculativeResult = result_lib.SpeculativeResult
+PADDING = result_lib.PADDING
+ACCEPTED = result_lib.ACCEPTED
+REPLACEMENT = result_lib.REPLACEMENT
+BONUS = result_lib.BONUS
 
 
 @flax.struct.dataclass
@@ -283,6 +225,60 @@ def _verify(
   )
 
 
+def _commit(
+    draft_tokens,
+    num_accepted,
+    next_tokens,
+    num_drafted,
+    lengths,
+    done,
+    *,
+    eos_id,
+    max_decode_len,
+):
+  """Step 4: the block x_1..x_n, next token, and how much of it each row emits.
+
+  Args:
+    draft_tokens: int32 [B, gamma] the drafted tokens.
+    num_accepted: int32 [B] n, the drafts accepted.
+    next_tokens: int32 [B] the replacement or bonus token.
+    num_drafted: int32 [B] the drafts proposed (gamma without early stop).
+    lengths: int32 [B] tokens emitted before this iteration.
+    done: bool [B] rows that had finished before this iteration.
+    eos_id: the token that ends a row.
+    max_decode_len: most tokens a row emits.
+
+  Returns:
+    block: int32 [B, gamma + 1] x_1..x_n, then the next token (junk after).
+    sources: int32 [B, gamma + 1] ACCEPTED, then REPLACEMENT or BONUS.
+    rejected: int32 [B, gamma + 1] the rejected draft at a REPLACEMENT, else
+      -1.
+    num_emitted: int32 [B] tokens of the block the row emits: up to its
+      first EOS and max_decode_len, 0 for rows already done.
+    hit_eos: bool [B] whether the emitted tokens hold EOS.
+  """
+  gamma = draft_tokens.shape[1]
+  block_positions = jnp.arange(gamma + 1)[None, :]  # [1, gamma + 1]
+  padded_drafts = jnp.pad(draft_tokens, ((0, 0), (0, 1)))  # [B, gamma + 1]
+  block = jnp.where(
+      block_positions < num_accepted[:, None],
+      padded_drafts,
+      next_tokens[:, None],
+  )  # [B, gamma + 1]
+  num_emitted = jnp.minimum(num_accepted + 1, max_decode_len - lengths)
+  is_eos = (block == eos_id) & (block_positions < num_emitted[:, None])
+  hit_eos = jnp.any(is_eos, axis=1)
+  num_emitted = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, num_emitted)
+  num_emitted = jnp.where(done, 0, num_emitted)
+  is_next = block_positions == num_accepted[:, None]  # [B, gamma + 1]
+  replaced = num_accepted < num_drafted  # [B]
+  sources = jnp.where(
+      is_next, jnp.where(replaced, REPLACEMENT, BONUS)[:, None], ACCEPTED
+  )  # [B, gamma + 1]
+  rejected = jnp.where(is_next & replaced[:, None], padded_drafts, -1)
+  return block, sources, rejected, num_emitted, hit_eos
+
+
 @jax.jit(
     static_argnames=(
         "gamma",
@@ -310,8 +306,6 @@ def _speculative_decode(
     return_caches,
 ):
   """`speculative_decode` after argument checks."""
-  batch_size = target_cache.lengths.shape[0]
-  block_positions = jnp.arange(gamma + 1)[None, :]  # [1, gamma + 1]
 
   def cond_fn(state: SpeculativeLoopState) -> jax.Array:
     return jnp.any(~state.done)
@@ -347,30 +341,17 @@ def _speculative_decode(
         verifier=verifier,
     )
 
-    # Step 4: x_1..x_n, then the next token (positions past n are junk).
-    block = jnp.where(
-        block_positions < num_accepted[:, None],
-        jnp.pad(draft_tokens, ((0, 0), (0, 1))),
-        next_tokens[:, None],
-    )  # [B, gamma + 1]
-    num_emitted = jnp.minimum(num_accepted + 1, max_decode_len - lengths)
-    is_eos = (block == eos_id) & (block_positions < num_emitted[:, None])
-    hit_eos = jnp.any(is_eos, axis=1)
-    num_emitted = jnp.where(
-        hit_eos, jnp.argmax(is_eos, axis=1) + 1, num_emitted
+    block, sources, rejected, num_emitted, hit_eos = _commit(
+        draft_tokens,
+        num_accepted,
+        next_tokens,
+        num_drafted,
+        lengths,
+        state.done,
+        eos_id=eos_id,
+        max_decode_len=max_decode_len,
     )
-    num_emitted = jnp.where(state.done, 0, num_emitted)
     new_lengths = lengths + num_emitted
-    is_next = block_positions == num_accepted[:, None]  # [B, gamma + 1]
-    replaced = num_accepted < num_drafted  # [B]
-    sources = jnp.where(
-        is_next, jnp.where(replaced, REPLACEMENT, BONUS)[:, None], ACCEPTED
-    )  # [B, gamma + 1]
-    rejected = jnp.where(
-        is_next & replaced[:, None],
-        jnp.pad(draft_tokens, ((0, 0), (0, 1))),
-        -1,
-    )  # [B, gamma + 1]
     history, sources, rejected = (
         _write_rows(whole, part, lengths + 1)
         for whole, part in (
@@ -384,7 +365,7 @@ def _speculative_decode(
     num_judged = jnp.minimum(
         jnp.minimum(num_accepted + 1, num_drafted), num_emitted
     )
-    judged = block_positions[:, :-1] < num_judged[:, None]  # [B, gamma]
+    judged = jnp.arange(gamma)[None, :] < num_judged[:, None]  # [B, gamma]
     num_kept = jnp.minimum(num_accepted, num_emitted)  # Accepted and emitted.
     live = (~state.done).astype(jnp.int32)
     return SpeculativeLoopState(
@@ -405,45 +386,37 @@ def _speculative_decode(
         | (~state.done & jnp.any(sampling.nonfinite_rows(target_logits), 1)),
     )
 
-  zeros = jnp.zeros((batch_size,), jnp.int32)
-  history_shape = (batch_size, max_decode_len + gamma + 2)
   state = jax.lax.while_loop(
       cond_fn,
       body_fn,
-      SpeculativeLoopState(
-          cur_index=jnp.array(0, jnp.int32),
-          history=jnp.full(history_shape, decoding.BOS_ID, jnp.int32),
-          sources=jnp.full(history_shape, PADDING, jnp.int32),
-          rejected=jnp.full(history_shape, -1, jnp.int32),
-          lengths=zeros,
-          done=jnp.zeros((batch_size,), bool),
-          target_cache=target_cache,
-          draft_cache=draft_cache,
-          target_calls=zeros,
-          drafted_tokens=zeros,
-          accepted_tokens=zeros,
-          beta_sum=jnp.zeros((batch_size,), jnp.float32),
-          draft_calls=zeros,
-          nonfinite=jnp.zeros((batch_size,), bool),
+      _initial_state(
+          target_cache, draft_cache, history_len=max_decode_len + gamma + 2
       ),
   )
-  emitted = slice(1, max_decode_len + 1)
-  positions = jnp.arange(max_decode_len)[None, :]  # [1, max_decode_len]
-  emitted_mask = positions < state.lengths[:, None]  # [B, max_decode_len]
-  result = SpeculativeResult(
-      sequences=decoding.mask_after_lengths(
-          state.history[:, emitted], state.lengths
-      ),
-      token_sources=jnp.where(emitted_mask, state.sources[:, emitted], PADDING),
-      rejected_tokens=jnp.where(emitted_mask, state.rejected[:, emitted], -1),
-      lengths=state.lengths,
-      target_calls=state.target_calls,
-      drafted_tokens=state.drafted_tokens,
-      accepted_tokens=state.accepted_tokens,
-      beta_sum=state.beta_sum,
-      draft_calls=state.draft_calls,
-      nonfinite=state.nonfinite,
-  )
+  result = result_lib.from_loop_state(state, max_decode_len)
   if return_caches:
     return result, state.target_cache, state.draft_cache
   return result
+
+
+def _initial_state(target_cache, draft_cache, *, history_len):
+  """The loop's state before the first iteration: no token emitted."""
+  batch_size = target_cache.lengths.shape[0]
+  zeros = jnp.zeros((batch_size,), jnp.int32)
+  history_shape = (batch_size, history_len)
+  return SpeculativeLoopState(
+      cur_index=jnp.array(0, jnp.int32),
+      history=jnp.full(history_shape, decoding.BOS_ID, jnp.int32),
+      sources=jnp.full(history_shape, PADDING, jnp.int32),
+      rejected=jnp.full(history_shape, -1, jnp.int32),
+      lengths=zeros,
+      done=jnp.zeros((batch_size,), bool),
+      target_cache=target_cache,
+      draft_cache=draft_cache,
+      target_calls=zeros,
+      drafted_tokens=zeros,
+      accepted_tokens=zeros,
+      beta_sum=jnp.zeros((batch_size,), jnp.float32),
+      draft_calls=zeros,
+      nonfinite=jnp.zeros((batch_size,), bool),
+  )

@@ -5,7 +5,7 @@ t5x's auxiliary z-loss (z_loss * log(Z)^2, which keeps the softmax
 normalizer near 1). Optimizers and schedules are in `optimizers.py`;
 checkpoints of params, optimizer state and step in `train_checkpoints.py`.
 
-`train` is the whole loop: batches of a seqio task (`data.batches`), a
+`train` is the whole loop: batches of a seqio task (`batching.batches`), a
 jitted train step with dropout keys from `fold_in(seed, step)`, a tqdm bar
 with the running loss, eval loss on a held-out split every `eval_every`
 steps, Orbax checkpoints every `checkpoint_every` steps and resume from the
@@ -30,7 +30,7 @@ import numpy as np
 import optax
 import tqdm
 
-from spec_decode import data
+from spec_decode import batching
 from spec_decode import distillation
 from spec_decode import growth
 from spec_decode import pair
@@ -158,7 +158,7 @@ def train_step(
 
   Args:
     state: a TrainState.
-    batch: the `data.batches` features, int32 [B, S] and [B, T].
+    batch: the `batching.batches` features, int32 [B, S] and [B, T].
     teacher_params: the teacher's parameters when distilling, else None.
     model: a t5.Transformer.
     optimizer: an optax.GradientTransformation.
@@ -268,7 +268,8 @@ def evaluate(eval_fn, params, batches, batch_size):
   Args:
     eval_fn: the jitted `eval_step`, (params, batch) -> sums.
     params: the model's parameters.
-    batches: an iterable of `data.batches` dicts of at most `batch_size` rows.
+    batches: an iterable of `batching.batches` dicts of at most `batch_size`
+      rows.
     batch_size: B; shorter batches are padded to it.
 
   Returns:
@@ -368,7 +369,7 @@ def train(
     feature_lengths: {'inputs': S, 'targets': T}, padded (and cut) lengths.
     optimizer: an optax.GradientTransformation (`optimizers.adamw()`, ...).
     length_buckets: training batches' (S_i, T_i) length buckets, see
-      `data.batches`; evaluation pads every batch to (S, T).
+      `batching.batches`; evaluation pads every batch to (S, T).
     eval_task: the task to evaluate; None means `task`.
     eval_split: its split; None disables evaluation.
     eval_every: evaluate every this many steps, and at the end.
@@ -407,7 +408,7 @@ def train(
   step_fn, eval_fn = _step_functions(model, optimizer, seed, z_loss, distill)
   # A resumed run reshuffles with a seed of its own, rather than replaying
   # the batches already seen.
-  train_batches = data.batches(
+  train_batches = batching.batches(
       task,
       "train",
       batch_size,
@@ -441,7 +442,7 @@ def train(
         result = evaluate(
             eval_fn,
             state.params,
-            data.batches(
+            batching.batches(
                 eval_task or task,
                 eval_split,
                 batch_size,

@@ -1,11 +1,23 @@
-"""Test set-up: 8 simulated CPU devices, for the sharding tests.
+"""Test set-up: 8 simulated CPU devices, and one compilation cache.
 
-XLA reads the flag once, when JAX's CPU backend starts, so it is set here,
-before any test module imports JAX. Tests that do not shard run on device 0.
+XLA reads the device flag once, when JAX's CPU backend starts, so it is set
+here, before any test module imports JAX. Tests that do not shard run on
+device 0.
+
+Compilation dominates this suite: many tests, and the CLIs and notebook
+kernels they start as subprocesses, compile the same programs of the same
+tiny and demo models. They share JAX's persistent compilation cache, in a
+directory made once per pytest run (the pytest-xdist workers inherit it from
+the process that starts them) and removed when that process exits. A cache
+entry is keyed by the program, the compile options and the devices, so it
+changes no result.
 """
 
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -15,7 +27,14 @@ if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
       filter(None, [os.environ.get("XLA_FLAGS"), _DEVICES_FLAG])
   )
 
-# After the flag: the CPU backend starts at the first computation.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _CACHE_DIR = tempfile.mkdtemp(prefix="spec_decode_tests_jax_cache_")
+  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+  # Every program, not only those that took a second or more to compile.
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+
+# After the flags: the CPU backend starts at the first computation.
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 

@@ -8,7 +8,7 @@ The acceptance probability at a position is beta = sum_x min(p(x), q(x)) =
 alpha itself measures; forward KL, sum_x p (log p - log q), is its smooth
 upper bound (Pinsker) and trains the way cross-entropy does.
 
-In training (`training.train(distillation=Distillation(...))`) the teacher
+In training (`train_loop.train(distill=Distillation(...))`) the teacher
 is the model configured under the gin scope 'teacher' (as a run's target is
 under 'target', see `pair.py`):
 

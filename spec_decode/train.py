@@ -1,4 +1,4 @@
-r"""Trains a T5 on a seqio task; the logic is in `training.py`.
+r"""Trains a T5 on a seqio task; the loop is in `train_loop.py`.
 
   python -m spec_decode.train --gin_file=configs/train/multi30k_target.gin \
       [--gin_bindings="NUM_STEPS = 100"]
@@ -18,12 +18,12 @@ def main(argv):
   # `train` with gin.
   # pylint: disable=g-import-not-at-top,unused-import
   from spec_decode import vocabulary  # Imports TensorFlow quietly.
-  from spec_decode import training
+  from spec_decode import train_loop
   # pylint: enable=g-import-not-at-top,unused-import
 
   with cli.one_line_errors():
     cli.start(argv)
-    training.train(T5Config())
+    train_loop.train(T5Config())
 
 
 if __name__ == "__main__":

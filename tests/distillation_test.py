@@ -18,6 +18,7 @@ from spec_decode import distillation
 from spec_decode import gin_config
 from spec_decode import optimizers
 from spec_decode import train_checkpoints
+from spec_decode import train_loop
 from spec_decode import training
 from spec_decode.models import t5
 from spec_decode.models.config import T5Config
@@ -227,7 +228,7 @@ class DistillLoopTest(absltest.TestCase):
     )
     test_files = data.DEMO_DIR / "multi30k"
     model_dir = os.path.join(directory.name, "student")
-    training.train(
+    train_loop.train(
         dataclasses.replace(STUDENT, vocab_size=4096),
         model_dir=model_dir,
         task=data.distillation_task(

@@ -23,6 +23,7 @@ from spec_decode import data
 from spec_decode import gin_config
 from spec_decode import optimizers
 from spec_decode import train_checkpoints
+from spec_decode import train_loop
 from spec_decode import training
 from spec_decode.models import t5
 from spec_decode.models.config import T5Config
@@ -139,7 +140,7 @@ class TrainLoopTest(absltest.TestCase):
     self.model_dir = os.path.join(_tempdir(self), "model")
 
   def _train(self, num_steps, **kwargs):
-    return training.train(
+    return train_loop.train(
         TINY,
         model_dir=self.model_dir,
         task=self.task,

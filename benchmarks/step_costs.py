@@ -3,11 +3,15 @@ r"""Decode-call costs of a target and a draft at real T5 sizes, and hence c.
   python benchmarks/step_costs.py --target=t5_1_1_xxl --draft=t5_1_1_small
   python benchmarks/step_costs.py --abstract \
       --output=benchmarks/results/step_costs_abstract.json
+  python benchmarks/step_costs.py --abstract --tpu_topology=v5p:2x2x1 \
+      --output=benchmarks/results/step_costs_abstract_tpu.json
 
 With --abstract it needs no accelerator and no weights: it compiles the
 target's 1- and (gamma+1)-token calls and the draft's 1-token call for this
 host from abstract shapes, at batch 1 and 32, and reports XLA's flops and
 bytes accessed against the bytes each call must read (`compiled_costs`).
+With --tpu_topology it compiles them for a TPU chip instead, which needs
+libtpu (`pip install "libtpu==0.0.42.*"`) but no TPU.
 
 Random weights in bfloat16, batch 1 by default (the paper's setting). It times
 the target's 1-token and (gamma+1)-token decode calls and the draft's 1-token
@@ -22,6 +26,7 @@ which shows the loop's overhead at this size.
 import dataclasses
 import functools
 import json
+import sys
 
 from absl import app
 from absl import flags
@@ -46,6 +51,13 @@ _MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 64, "Decode length.")
 _REPEATS = flags.DEFINE_integer("repeats", 30, "Timed calls; medians count.")
 _LOOP = flags.DEFINE_bool("loop", True, "Also time the full loops.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
+_TPU_TOPOLOGY = flags.DEFINE_string(
+    "tpu_topology",
+    None,
+    "With --abstract: compile for the first chip of this TPU topology (e.g. "
+    "'v5p:2x2x1') instead of this host, with no TPU (needs libtpu), in "
+    "bfloat16 only.",
+)
 _ABSTRACT = flags.DEFINE_bool(
     "abstract",
     False,
@@ -97,20 +109,27 @@ ABSTRACT_CAPACITY = 264
 ABSTRACT_FILLED = 128
 
 
-def abstract_report(gamma):
+def abstract_report(gamma, tpu_topology=None):
   """Each call's compiled costs, keyed '{model}_{tokens}tok_b{batch}'.
 
-  The float32 control's keys end in '_float32'.
+  The float32 control's keys end in '_float32'. With a TPU topology, the
+  calls compile for its first chip, in bfloat16 only (the control is for
+  XLA:CPU's widening).
   """
+  device = tpu_topology and compiled_costs.tpu_device(tpu_topology)
   report = {
       "jax": jax.__version__,
-      "backend": jax.default_backend(),
+      "backend": (
+          f"tpu {tpu_topology} ({device.device_kind}), compiled with no TPU"
+          if device
+          else jax.default_backend()
+      ),
       "input_len": ABSTRACT_INPUT_LEN,
       "capacity": ABSTRACT_CAPACITY,
       "filled": ABSTRACT_FILLED,
       "calls": {},
   }
-  for dtype in ABSTRACT_DTYPES:
+  for dtype in ABSTRACT_DTYPES[:1] if device else ABSTRACT_DTYPES:
     suffix = "" if dtype == "bfloat16" else f"_{dtype}"
     for name, stem, num_tokens in (
         ("target", _TARGET.value, 1),
@@ -126,6 +145,7 @@ def abstract_report(gamma):
             ABSTRACT_INPUT_LEN,
             ABSTRACT_CAPACITY,
             ABSTRACT_FILLED,
+            device=device or None,
         )
         entry = dataclasses.asdict(costs)
         entry["bytes_over_needed"] = costs.bytes_over_needed
@@ -145,8 +165,14 @@ def abstract_report(gamma):
 
 def main(argv):
   del argv
+  if _TPU_TOPOLOGY.value and not _ABSTRACT.value:
+    sys.exit("step_costs.py: --tpu_topology needs --abstract")
   if _ABSTRACT.value:
-    text = json.dumps(abstract_report(_GAMMA.value), indent=2)
+    try:
+      report = abstract_report(_GAMMA.value, _TPU_TOPOLOGY.value)
+    except ValueError as e:
+      sys.exit(f"step_costs.py: {e}")
+    text = json.dumps(report, indent=2)
     if _OUTPUT.value:
       with open(_OUTPUT.value, "w") as f:
         f.write(text + "\n")

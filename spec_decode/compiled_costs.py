@@ -17,6 +17,8 @@ import math
 import re
 
 import jax
+from jax.experimental.layout import Format
+from jax.experimental.layout import Layout
 import jax.numpy as jnp
 
 from spec_decode import drafts
@@ -140,6 +142,26 @@ def _count_instructions(hlo_text):
   return sum(1 for line in hlo_text.splitlines() if _INSTRUCTION.search(line))
 
 
+def tpu_device(topology):
+  """The first chip of a TPU topology (e.g. 'v5p:2x2x1'), for compiling.
+
+  Needs libtpu (`pip install "libtpu==0.0.42.*"`, the version jax 0.10.2's
+  `jax[tpu]` pins), not a TPU: XLA's TPU compiler runs on this host.
+  """
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+
+  try:
+    description = topologies.get_topology_desc(
+        topology_name=topology, platform="tpu"
+    )
+  except (RuntimeError, ValueError) as e:
+    raise ValueError(
+        f"cannot compile for TPU topology {topology!r} (is libtpu "
+        f"installed?): {str(e).splitlines()[0]}"
+    ) from None
+  return description.devices[0]
+
+
 def call_costs(
     config: T5Config,
     batch_size: int,
@@ -147,8 +169,9 @@ def call_costs(
     input_len: int,
     capacity: int,
     filled: int,
+    device: jax.Device | None = None,
 ) -> CallCosts:
-  """Compiles one decode call for this host and reports its costs.
+  """Compiles one decode call and reports its costs.
 
   Args:
     config: the model; its dtype is the parameters' and activations'.
@@ -158,6 +181,10 @@ def call_costs(
     input_len: encoder tokens per row.
     capacity: the cache's positions.
     filled: the rows' lengths before the call.
+    device: None compiles for this host's default device, with row-major
+      operands. Else for this device (one of a TPU topology description
+      compiles for a TPU without one, `tpu_device`), with the operands'
+      layouts left to the compiler.
 
   Returns:
     The call's CallCosts.
@@ -177,9 +204,24 @@ def call_costs(
 
   # The cache is donated, as the decode loops carry it: a call updates it in
   # place rather than copying what it does not write.
-  compiled = (
-      jax.jit(call, donate_argnums=2).lower(params, tokens, cache).compile()
-  )
+  jitted = jax.jit(call, donate_argnums=2)
+  if device is not None:
+    # Every operand and result in the layout the compiler prefers, as a
+    # while loop's carry gets it: a single call compiled with row-major
+    # operands would count relayouts that a decode loop does once, on entry.
+    placed = jax.sharding.SingleDeviceSharding(device)
+    params, tokens, cache = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=placed),
+        (params, tokens, cache),
+    )
+    free = Format(Layout.AUTO, placed)
+    jitted = jax.jit(
+        call,
+        donate_argnums=2,
+        in_shardings=jax.tree.map(lambda _: free, (params, tokens, cache)),
+        out_shardings=free,
+    )
+  compiled = jitted.lower(params, tokens, cache).compile()
   analysis = compiled.cost_analysis()
   # One dict, or (older jax) a list holding one per program.
   if isinstance(analysis, (list, tuple)):

@@ -113,6 +113,23 @@ class CallCostsTest(absltest.TestCase):
       )
     self.assertGreater(four.flops, 2 * one.flops)
 
+  def test_compiles_for_a_given_device_with_free_layouts(self):
+    # The path a TPU topology's chip takes, here with the host's CPU.
+    config = _tiny()
+    host = compiled_costs.call_costs(config, 2, 1, 8, 16, 4)
+    placed = compiled_costs.call_costs(
+        config, 2, 1, 8, 16, 4, device=jax.devices()[0]
+    )
+    self.assertEqual(placed.param_bytes, host.param_bytes)
+    self.assertEqual(placed.cache_bytes, host.cache_bytes)
+    self.assertGreaterEqual(placed.bytes_accessed, placed.param_bytes)
+    self.assertGreater(placed.hlo_ops, 0)
+
+  def test_unknown_tpu_topology_names_it(self):
+    # Without libtpu this fails for want of it; with it, for the name.
+    with self.assertRaisesRegex(ValueError, "no_such_chip:9x9"):
+      compiled_costs.tpu_device("no_such_chip:9x9")
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -118,6 +118,25 @@ class StepCostsTest(absltest.TestCase):
         calls["target_1tok_b1"]["cache_bytes"],
     )
 
+  def test_tpu_topology_it_cannot_compile_for_is_one_line(self):
+    # Without libtpu (as in CI) for want of it; with it, for the name.
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(_ROOT / "benchmarks" / "step_costs.py"),
+            "--abstract",
+            "--tpu_topology=no_such_chip:9x9",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=_ROOT,
+    )
+    self.assertNotEqual(result.returncode, 0)
+    last = result.stderr.strip().splitlines()[-1]
+    self.assertIn("step_costs.py: cannot compile for TPU topology", last)
+    self.assertIn("no_such_chip:9x9", last)
+    self.assertNotIn("Traceback", result.stderr)
+
 
 if __name__ == "__main__":
   absltest.main()

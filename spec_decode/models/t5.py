@@ -28,6 +28,7 @@ from flax import struct
 import jax
 import jax.numpy as jnp
 
+from spec_decode.models import cache_writes
 from spec_decode.models import layers
 from spec_decode.models.config import T5Config
 
@@ -196,19 +197,9 @@ class DecoderLayer(nn.Module):
     h = self.pre_self_attention_layer_norm(x)
     keys, values = self.self_attention.project_key_value(h)
     if cached is not None:
-      rows = jnp.arange(x.shape[0])[:, None, None]  # [B, 1, 1]
-      heads = jnp.arange(keys.shape[1])[None, :, None]  # [1, H, 1]
-      slots = positions[:, None, :]  # [B, 1, T]
       # Overwrite at explicit positions; writes past capacity are dropped.
-      # Either write indexes [B, H, T] entries of D elements, so the keys
-      # go in as [B, H, D, T] -> [B, H, T, D].
-      keys = (
-          cached[0]
-          .at[rows, heads, :, slots]
-          .set(jnp.swapaxes(keys, 2, 3), mode="drop")
-      )
-      values = cached[1].at[rows, heads, slots].set(values, mode="drop")
-      cached = (keys, values)
+      cached = cache_writes.write(*cached, keys, values, positions)
+      keys, values = cached
     h = self.self_attention.attend(
         self.self_attention.project_query(h), keys, values, bias, self_mask
     )

@@ -158,11 +158,11 @@ MUTATIONS = (
     Mutation(
         "cache_writes_clipped",
         "KV writes past the capacity clipped onto the last position",
-        "spec_decode/models/t5.py",
-        r'set\(keys, mode="drop"\)',
-        'set(keys, mode="clip")',
-        "tests/t5_test.py",
-        "capacity",
+        "spec_decode/models/decode_cache.py",
+        r'jnp\.transpose\(keys, \(0, 3, 1, 2\)\), mode="drop"',
+        'jnp.transpose(keys, (0, 3, 1, 2)), mode="clip"',
+        "tests/decode_cache_test.py",
+        "matches_a_loop",
     ),
     Mutation(
         "rms_norm_centered",

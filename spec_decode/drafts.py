@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import decoding
+from spec_decode.models import decode_cache
 from spec_decode.models import t5
 
 
@@ -172,7 +173,7 @@ def t5_cache(
     params: Any,
     encoder_input_tokens: jax.Array,
     max_length: int,
-) -> t5.DecodeCache:
+) -> decode_cache.DecodeCache:
   """Encodes a batch of inputs into an empty T5 decode cache.
 
   Args:
@@ -198,7 +199,7 @@ def shared_encoder_caches(
     draft_params: Any,
     encoder_input_tokens: jax.Array,
     max_length: int,
-) -> tuple[t5.DecodeCache, t5.DecodeCache]:
+) -> tuple[decode_cache.DecodeCache, decode_cache.DecodeCache]:
   """The target's and a shared-encoder draft's empty caches, one encoding.
 
   The target encodes the inputs once; the draft's cross-attention reads that
@@ -252,7 +253,7 @@ def empty_cache(model, params, encoded, encoder_input_tokens, max_length):
     max_length: the cache's capacity, in decoder positions.
 
   Returns:
-    The t5.DecodeCache.
+    The decode_cache.DecodeCache.
   """
   return model.apply(
       {"params": params},

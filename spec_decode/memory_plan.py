@@ -159,9 +159,9 @@ def cache_shapes(config, params, batch_size, max_input_len, capacity):
     capacity: L, the decoder positions.
 
   Returns:
-    The DecodeCache: keys and values [B, L, H, D] and cross keys and values
-    [B, S, H, D] per decoder layer, in config.dtype; encoder_mask bool [B, S];
-    lengths int32 [B].
+    The DecodeCache: keys [B, H, D, L] and values [B, H, L, D], cross keys
+    [B, H, D, S] and values [B, H, S, D] per decoder layer, in config.dtype;
+    encoder_mask bool [B, S]; lengths int32 [B].
   """
   make = functools.partial(
       drafts.empty_cache, t5.Transformer(config), max_length=capacity

@@ -1,4 +1,8 @@
-"""Writing a decode call's new keys and values into the cache.
+"""The decoder's KV cache: its arrays, and how a call writes into them.
+
+The cache holds, per decoder layer, self-attention keys [B, H, D, L] and
+values [B, H, L, D] (the layouts attention's dots read as they are), the
+cross-attention keys and values of the encoded input, and each row's length.
 
 Each row writes its T new positions from its own length, so one call's rows
 write at different places: a scatter. Two scatters write the same entries,
@@ -17,7 +21,59 @@ and compilers lay them out differently:
 Positions at or past the capacity are dropped.
 """
 
+from flax import struct
+import jax
 import jax.numpy as jnp
+
+
+@struct.dataclass
+class DecodeCache:
+  """The decoder's state for a batch of rows.
+
+  L is the cache's capacity in decoder positions, S the encoder's length.
+  Keys are [B, H, D, L] and values [B, H, L, D]: the layouts attention reads
+  without a transpose or copy (`layers.dot_product_attention`).
+
+  Attributes:
+    keys: one [B, H, D, L] array of self-attention keys per decoder layer.
+    values: one [B, H, L, D] array of self-attention values per layer.
+    cross_keys: one [B, H, D, S] array per layer, projected once from the
+      encoder's output.
+    cross_values: one [B, H, S, D] array per layer.
+    encoder_mask: bool [B, S], True at the real (non-padding) input tokens.
+    lengths: int32 [B], the decoder tokens written for each row. Positions at
+      or beyond a row's length are masked and free to be overwritten.
+  """
+
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
+  cross_keys: tuple[jax.Array, ...]
+  cross_values: tuple[jax.Array, ...]
+  encoder_mask: jax.Array
+  lengths: jax.Array
+
+  @property
+  def max_length(self):
+    return self.values[0].shape[2]
+
+  def logical_axes(self):
+    """This cache's structure with each leaf's logical axes, a PartitionSpec."""
+    k = jax.sharding.PartitionSpec(
+        "cache_batch", "cache_heads", "cache_kv", "cache_sequence"
+    )
+    v = jax.sharding.PartitionSpec(
+        "cache_batch", "cache_heads", "cache_sequence", "cache_kv"
+    )
+    keys = tuple(k for _ in self.keys)
+    values = tuple(v for _ in self.values)
+    return DecodeCache(
+        keys=keys,
+        values=values,
+        cross_keys=keys,
+        cross_values=values,
+        encoder_mask=jax.sharding.PartitionSpec("cache_batch", None),
+        lengths=jax.sharding.PartitionSpec("cache_batch"),
+    )
 
 
 def write(keys_cache, values_cache, keys, values, positions):

@@ -1,11 +1,11 @@
-"""cache_writes: both scatters write exactly what a loop over rows writes."""
+"""decode_cache.write: both scatters write exactly what a loop over rows writes."""
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import numpy as np
 
-from spec_decode.models import cache_writes
+from spec_decode.models import decode_cache
 
 
 def _reference(keys_cache, values_cache, keys, values, positions):
@@ -44,7 +44,7 @@ class WriteTest(parameterized.TestCase):
     starts = rng.integers(0, capacity + 2, size=batch)
     starts[0] = capacity - 2  # straddles the end
     positions = starts[:, None] + np.arange(num_new)
-    write = jax.jit(getattr(cache_writes, form))
+    write = jax.jit(getattr(decode_cache, form))
     got = write(keys_cache, values_cache, keys, values, positions)
     want = _reference(keys_cache, values_cache, keys, values, positions)
     for g, w in zip(got, want):

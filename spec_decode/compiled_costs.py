@@ -17,6 +17,7 @@ import math
 import re
 
 import jax
+from jax.experimental import topologies
 from jax.experimental.layout import Format
 from jax.experimental.layout import Layout
 import jax.numpy as jnp
@@ -148,8 +149,6 @@ def tpu_device(topology):
   Needs libtpu (`pip install "libtpu==0.0.42.*"`, the version jax 0.10.2's
   `jax[tpu]` pins), not a TPU: XLA's TPU compiler runs on this host.
   """
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-
   try:
     description = topologies.get_topology_desc(
         topology_name=topology, platform="tpu"
@@ -202,9 +201,7 @@ def call_costs(
   def call(params, tokens, cache):
     return t5.make_decode_fn(model, params)(tokens, cache)
 
-  # The cache is donated, as the decode loops carry it: a call updates it in
-  # place rather than copying what it does not write.
-  jitted = jax.jit(call, donate_argnums=2)
+  placement = {}
   if device is not None:
     # Every operand and result in the layout the compiler prefers, as a
     # while loop's carry gets it: a single call compiled with row-major
@@ -215,12 +212,13 @@ def call_costs(
         (params, tokens, cache),
     )
     free = Format(Layout.AUTO, placed)
-    jitted = jax.jit(
-        call,
-        donate_argnums=2,
+    placement = dict(
         in_shardings=jax.tree.map(lambda _: free, (params, tokens, cache)),
         out_shardings=free,
     )
+  # The cache is donated, as the decode loops carry it: a call updates it in
+  # place rather than copying what it does not write.
+  jitted = jax.jit(call, donate_argnums=2, **placement)
   compiled = jitted.lower(params, tokens, cache).compile()
   analysis = compiled.cost_analysis()
   # One dict, or (older jax) a list holding one per program.

@@ -5,13 +5,18 @@ r"""Decode-call costs of a target and a draft at real T5 sizes, and hence c.
       --output=benchmarks/results/step_costs_abstract.json
   python benchmarks/step_costs.py --abstract --tpu_topology=v5p:2x2x1 \
       --output=benchmarks/results/step_costs_abstract_tpu.json
+  python benchmarks/step_costs.py --abstract --tpu_topology=v5p:2x2x1 \
+      --attention_buckets=4 \
+      --output=benchmarks/results/step_costs_abstract_tpu_buckets4.json
 
 With --abstract it needs no accelerator and no weights: it compiles the
 target's 1- and (gamma+1)-token calls and the draft's 1-token call for this
 host from abstract shapes, at batch 1 and 32, and reports XLA's flops and
 bytes accessed against the bytes each call must read (`compiled_costs`).
 With --tpu_topology it compiles them for a TPU chip instead, which needs
-libtpu (`pip install "libtpu==0.0.42.*"`) but no TPU.
+libtpu (`pip install "libtpu==0.0.42.*"`) but no TPU. With
+--attention_buckets=n each call reads the cache up to its bound
+(`T5Config.attention_buckets`), as the decode loop's body at these lengths.
 
 Random weights in bfloat16, batch 1 by default (the paper's setting). It times
 the target's 1-token and (gamma+1)-token decode calls and the draft's 1-token
@@ -57,6 +62,11 @@ _TPU_TOPOLOGY = flags.DEFINE_string(
     "With --abstract: compile for the first chip of this TPU topology (e.g. "
     "'v5p:2x2x1') instead of this host, with no TPU (needs libtpu), in "
     "bfloat16 only.",
+)
+_ATTENTION_BUCKETS = flags.DEFINE_integer(
+    "attention_buckets",
+    1,
+    "With --abstract: T5Config.attention_buckets of both models.",
 )
 _ABSTRACT = flags.DEFINE_bool(
     "abstract",
@@ -109,7 +119,7 @@ ABSTRACT_CAPACITY = 264
 ABSTRACT_FILLED = 128
 
 
-def abstract_report(gamma, tpu_topology=None):
+def abstract_report(gamma, tpu_topology=None, attention_buckets=1):
   """Each call's compiled costs, keyed '{model}_{tokens}tok_b{batch}'.
 
   The float32 control's keys end in '_float32'. With a TPU topology, the
@@ -127,6 +137,7 @@ def abstract_report(gamma, tpu_topology=None):
       "input_len": ABSTRACT_INPUT_LEN,
       "capacity": ABSTRACT_CAPACITY,
       "filled": ABSTRACT_FILLED,
+      "attention_buckets": attention_buckets,
       "calls": {},
   }
   for dtype in ABSTRACT_DTYPES[:1] if device else ABSTRACT_DTYPES:
@@ -136,7 +147,9 @@ def abstract_report(gamma, tpu_topology=None):
         ("target", _TARGET.value, gamma + 1),
         ("draft", _DRAFT.value, 1),
     ):
-      config = _config(stem, dtype)
+      config = dataclasses.replace(
+          _config(stem, dtype), attention_buckets=attention_buckets
+      )
       for batch in ABSTRACT_BATCHES:
         costs = compiled_costs.call_costs(
             config,
@@ -156,7 +169,8 @@ def abstract_report(gamma, tpu_topology=None):
             f"{costs.bytes_accessed / 1e9:7.2f} GB accessed, params "
             f"{costs.param_bytes / 1e9:6.2f} GB, cache "
             f"{costs.cache_bytes / 1e9:6.3f} GB, ratio "
-            f"{costs.bytes_over_needed:5.2f}, {costs.hlo_ops} HLO ops, "
+            f"{costs.bytes_over_needed:5.2f}, keys read {costs.key_limit}, "
+            f"{costs.hlo_ops} HLO ops, "
             f"{len(costs.cache_moves)} cache-sized copies/transposes",
             flush=True,
         )
@@ -169,7 +183,9 @@ def main(argv):
     sys.exit("step_costs.py: --tpu_topology needs --abstract")
   if _ABSTRACT.value:
     try:
-      report = abstract_report(_GAMMA.value, _TPU_TOPOLOGY.value)
+      report = abstract_report(
+          _GAMMA.value, _TPU_TOPOLOGY.value, _ATTENTION_BUCKETS.value
+      )
     except ValueError as e:
       sys.exit(f"step_costs.py: {e}")
     text = json.dumps(report, indent=2)

@@ -23,6 +23,7 @@ from jax.experimental.layout import Layout
 import jax.numpy as jnp
 
 from spec_decode import drafts
+from spec_decode import key_buckets
 from spec_decode.models import t5
 from spec_decode.models.config import T5Config
 
@@ -71,6 +72,10 @@ class CallCosts:
     cache_moves: the compiled instructions (opcode and result shape) that copy
       or transpose an array at least as large as one layer's self-attention
       keys.
+    key_limit: the cache positions the call's self-attention reads: the
+      smallest of the cache's bounds (`key_buckets.cache_bounds`, with
+      `config.attention_buckets`) that holds the rows' lengths after the call,
+      as in the body of the decode loop that runs at these lengths.
   """
 
   flops: float
@@ -79,6 +84,7 @@ class CallCosts:
   cache_bytes: int
   hlo_ops: int
   cache_moves: tuple[str, ...]
+  key_limit: int
 
   @property
   def bytes_over_needed(self):
@@ -196,6 +202,8 @@ def call_costs(
       params,
       inputs,
   )
+  key_limit = key_buckets.bound_for(cache, filled + num_tokens)
+  cache = cache.replace(key_limit=key_limit if key_limit < capacity else None)
   tokens = jax.ShapeDtypeStruct((batch_size, num_tokens), jnp.int32)
 
   def call(params, tokens, cache):
@@ -234,4 +242,5 @@ def call_costs(
       cache_bytes=needed_cache_bytes(cache, filled + num_tokens),
       hlo_ops=_count_instructions(hlo_text),
       cache_moves=cache_moves(hlo_text, _nbytes(cache.keys[0])),
+      key_limit=key_limit,
   )

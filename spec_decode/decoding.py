@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import key_buckets
 from spec_decode import sampling
 
 # T5 starts decoding from the pad token.
@@ -184,7 +185,7 @@ def _autoregressive_decode(
         | (~state.done & sampling.nonfinite_rows(logits[:, 0])),
     )
 
-  state = jax.lax.while_loop(
+  state = key_buckets.while_loop(
       cond_fn,
       body_fn,
       DecodeLoopState(
@@ -196,6 +197,9 @@ def _autoregressive_decode(
           cache=cache,
           nonfinite=jnp.zeros((batch_size,), bool),
       ),
+      cache_fields=("cache",),
+      # A step's query sits at the row's length.
+      num_keys_fn=lambda state: jnp.max(state.cache.lengths) + 1,
   )
   result = DecodeResult(
       sequences=mask_after_lengths(state.sequences, state.lengths),

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from spec_decode import decoding
 from spec_decode import draft_loop
+from spec_decode import key_buckets
 from spec_decode import sampling
 from spec_decode import speculative_result as result_lib
 from spec_decode import verify as verify_lib
@@ -386,12 +387,16 @@ def _speculative_decode(
         | (~state.done & jnp.any(sampling.nonfinite_rows(target_logits), 1)),
     )
 
-  state = jax.lax.while_loop(
+  state = key_buckets.while_loop(
       cond_fn,
       body_fn,
       _initial_state(
           target_cache, draft_cache, history_len=max_decode_len + gamma + 2
       ),
+      cache_fields=("target_cache", "draft_cache"),
+      # The target's gamma + 1 queries sit at lengths .. lengths + gamma; the
+      # draft's, one behind.
+      num_keys_fn=lambda state: jnp.max(state.lengths) + gamma + 1,
   )
   result = result_lib.from_loop_state(state, max_decode_len)
   if return_caches:

@@ -113,6 +113,19 @@ class CallCostsTest(absltest.TestCase):
       )
     self.assertGreater(four.flops, 2 * one.flops)
 
+  def test_bucketed_call_attends_its_bound(self):
+    config = _tiny()
+    whole = compiled_costs.call_costs(config, 2, 8, 8, 264, 128)
+    bucketed = compiled_costs.call_costs(
+        dataclasses.replace(config, attention_buckets=4), 2, 8, 8, 264, 128
+    )
+    self.assertEqual(whole.key_limit, 264)
+    # 128 + 8 positions: the second of the bounds 72, 136, 200, 264.
+    self.assertEqual(bucketed.key_limit, 136)
+    self.assertEqual(bucketed.cache_bytes, whole.cache_bytes)
+    # Attention's dots over 136 keys rather than 264.
+    self.assertLess(bucketed.flops, whole.flops)
+
   def test_compiles_for_a_given_device_with_free_layouts(self):
     # The path a TPU topology's chip takes, here with the host's CPU.
     config = _tiny()

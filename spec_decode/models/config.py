@@ -44,6 +44,12 @@ class T5Config:
       shared-encoder draft: a decoder with no encoder, which cross-attends
       to its target's encoder output (of this width, the target's emb_dim)
       through a learned projection to emb_dim (`Transformer.encode`).
+    attention_buckets: with more than 1, the decode loops split the cache's
+      capacity into this many static key bounds and run one while loop per
+      bound, so that each call's self-attention reads the cache up to its
+      bound rather than its whole capacity (`spec_decode/key_buckets.py`).
+      Each bound is compiled; XLA:CPU copies a cache prefix before reading
+      it, so 1 (the whole capacity at every call) suits a CPU.
   """
 
   vocab_size: int = gin.REQUIRED
@@ -61,6 +67,7 @@ class T5Config:
   dtype: str = "float32"
   logits_dtype: str = "float32"
   shared_encoder_dim: int = 0
+  attention_buckets: int = 1
 
   def __post_init__(self):
     for name in (
@@ -72,6 +79,7 @@ class T5Config:
         "num_decoder_layers",
         "num_buckets",
         "max_distance",
+        "attention_buckets",
     ) + (() if self.shared_encoder_dim else ("num_encoder_layers",)):
       if int(getattr(self, name)) < 1:
         raise ValueError(

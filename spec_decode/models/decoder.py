@@ -56,8 +56,9 @@ class DecoderLayer(nn.Module):
       self_mask: bool [B or 1, 1, T, K].
       cross: (keys [B, H, D, S], values [B, H, S, D]).
       cross_mask: bool [B, 1, 1, S].
-      cached: (keys [B, H, D, K], values [B, H, K, D]), to write the new positions
-        into; or None to attend among the T positions alone (then K = T).
+      cached: (keys [B, H, D, L], values [B, H, L, D]), to write the new positions
+        into, of which the first K are attended (K <= L, the key positions
+        of `bias`); or None to attend among the T positions alone (K = T).
       positions: int32 [B, T], where the new positions go in `cached`.
       deterministic: disables dropout.
 
@@ -70,6 +71,9 @@ class DecoderLayer(nn.Module):
       # Overwrite at explicit positions; writes past capacity are dropped.
       cached = decode_cache.write(*cached, keys, values, positions)
       keys, values = cached
+      num_keys = bias.shape[-1]
+      if num_keys < values.shape[2]:
+        keys, values = keys[..., :num_keys], values[:, :, :num_keys]
     h = self.self_attention.attend(
         self.self_attention.project_query(h), keys, values, bias, self_mask
     )
@@ -134,10 +138,11 @@ class Decoder(nn.Module):
     Args:
       tokens: int32 [B, T].
       positions: int32 [B or 1, T], the absolute position of each token.
-      key_positions: int32 [K], the positions of the attended keys.
+      key_positions: int32 [K], the positions of the attended keys: the
+        cache's first K (K may be under its capacity).
       cross: per layer, the cross-attention (keys, values).
       encoder_mask: bool [B, S].
-      cached: per layer, (keys [B, H, D, K], values [B, H, K, D]), or None when the
+      cached: per layer, (keys [B, H, D, L], values [B, H, L, D]), or None when the
         T tokens are the whole sequence (then K = T).
       deterministic: disables dropout.
 

@@ -105,13 +105,15 @@ class Transformer(nn.Module):
         cross_values=tuple(v for _, v in cross),
         encoder_mask=encoder_input_tokens > 0,
         lengths=jnp.zeros((batch,), jnp.int32),
+        key_buckets=cfg.attention_buckets,
     )
 
   def decode(self, tokens, cache):
     """Appends T tokens to every row at the row's own length.
 
     Query t of row b sits at position cache.lengths[b] + t and attends to the
-    cached positions up to and including its own.
+    cached positions up to and including its own: those under
+    `cache.key_limit`, when set, are all it reads.
 
     Args:
       tokens: int32 [B, T].
@@ -126,7 +128,7 @@ class Transformer(nn.Module):
     logits, cached = self.decoder(
         tokens,
         positions,
-        jnp.arange(cache.max_length),
+        jnp.arange(min(cache.key_limit or cache.max_length, cache.max_length)),
         list(zip(cache.cross_keys, cache.cross_values)),
         cache.encoder_mask,
         cached=list(zip(cache.keys, cache.values)),

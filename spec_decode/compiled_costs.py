@@ -203,7 +203,7 @@ def call_costs(
       inputs,
   )
   key_limit = key_buckets.bound_for(cache, filled + num_tokens)
-  cache = cache.replace(key_limit=key_limit if key_limit < capacity else None)
+  cache = key_buckets.bounded(cache, key_limit)
   tokens = jax.ShapeDtypeStruct((batch_size, num_tokens), jnp.int32)
 
   def call(params, tokens, cache):

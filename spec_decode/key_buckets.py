@@ -54,14 +54,19 @@ def bound_for(cache, num_keys):
   )
 
 
+def bounded(cache, limit):
+  """`cache` with its calls reading its first `limit` positions (all of
+  them, key_limit None, if `limit` reaches its capacity)."""
+  return cache.replace(key_limit=limit if limit < cache.max_length else None)
+
+
 def _with_limit(state, cache_fields, limit):
   """`state` with each DecodeCache in `cache_fields` bounded by `limit`."""
-  replaced = {}
-  for name in cache_fields:
-    cache = getattr(state, name)
-    if isinstance(cache, decode_cache.DecodeCache):
-      bounded = limit if limit < cache.max_length else None
-      replaced[name] = cache.replace(key_limit=bounded)
+  replaced = {
+      name: bounded(getattr(state, name), limit)
+      for name in cache_fields
+      if isinstance(getattr(state, name), decode_cache.DecodeCache)
+  }
   return state.replace(**replaced)
 
 

@@ -128,7 +128,7 @@ class Transformer(nn.Module):
     logits, cached = self.decoder(
         tokens,
         positions,
-        jnp.arange(min(cache.key_limit or cache.max_length, cache.max_length)),
+        jnp.arange(cache.key_limit or cache.max_length),
         list(zip(cache.cross_keys, cache.cross_values)),
         cache.encoder_mask,
         cached=list(zip(cache.keys, cache.values)),

@@ -20,7 +20,6 @@ References:
 
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -29,6 +28,7 @@ from spec_decode import draft_loop
 from spec_decode import key_buckets
 from spec_decode import sampling
 from spec_decode import speculative_result as result_lib
+from spec_decode import speculative_state as state_lib
 from spec_decode import verify as verify_lib
 
 # The token-wise kernels, under the names they had before spec_decode.verify.
@@ -49,48 +49,7 @@ PADDING = result_lib.PADDING
 ACCEPTED = result_lib.ACCEPTED
 REPLACEMENT = result_lib.REPLACEMENT
 BONUS = result_lib.BONUS
-
-
-@flax.struct.dataclass
-class SpeculativeLoopState:
-  """The state of the speculative decoding loop.
-
-  Attributes:
-    cur_index: int32 [] iterations run so far.
-    history: int32 [B, max_decode_len + gamma + 2] BOS, then the emitted
-      tokens (history[b, i] is token i, BOS being token 0); garbage after
-      position lengths[b].
-    sources: int32 [B, max_decode_len + gamma + 2] aligned with history:
-      where each token came from (see `SpeculativeResult.token_sources`).
-    rejected: int32 [B, max_decode_len + gamma + 2] aligned with history: the
-      rejected drafted token at each REPLACEMENT, -1 elsewhere.
-    lengths: int32 [B] tokens emitted per row. The target cache holds the
-      history before the last token: its lengths equal these.
-    done: bool [B] whether the row has emitted EOS or reached max_decode_len.
-    target_cache: the target's cache (a pytree with `lengths: int32 [B]`).
-    draft_cache: the draft's cache, valid up to at least lengths - 1.
-    target_calls: int32 [B] see `SpeculativeResult`.
-    drafted_tokens: int32 [B] see `SpeculativeResult`.
-    accepted_tokens: int32 [B] see `SpeculativeResult`.
-    beta_sum: float32 [B] see `SpeculativeResult`.
-    draft_calls: int32 [B] see `SpeculativeResult`.
-    nonfinite: bool [B] see `SpeculativeResult`.
-  """
-
-  cur_index: jax.Array
-  history: jax.Array
-  sources: jax.Array
-  rejected: jax.Array
-  lengths: jax.Array
-  done: jax.Array
-  target_cache: Any
-  draft_cache: Any
-  target_calls: jax.Array
-  drafted_tokens: jax.Array
-  accepted_tokens: jax.Array
-  beta_sum: jax.Array
-  draft_calls: jax.Array
-  nonfinite: jax.Array
+SpeculativeLoopState = state_lib.SpeculativeLoopState
 
 
 def speculative_decode(
@@ -193,15 +152,6 @@ def speculative_decode(
   )
 
 
-def _write_rows(whole, part, starts):
-  """whole[b, starts[b]:starts[b] + T] = part[b] for each row b."""
-  return jax.vmap(
-      lambda row, values, start: jax.lax.dynamic_update_slice(
-          row, values, (start,)
-      )
-  )(whole, part, starts)
-
-
 def _verify(
     iteration_rng,
     target_logits,
@@ -224,60 +174,6 @@ def _verify(
       draft_tokens,
       num_drafted,
   )
-
-
-def _commit(
-    draft_tokens,
-    num_accepted,
-    next_tokens,
-    num_drafted,
-    lengths,
-    done,
-    *,
-    eos_id,
-    max_decode_len,
-):
-  """Step 4: the block x_1..x_n, next token, and how much of it each row emits.
-
-  Args:
-    draft_tokens: int32 [B, gamma] the drafted tokens.
-    num_accepted: int32 [B] n, the drafts accepted.
-    next_tokens: int32 [B] the replacement or bonus token.
-    num_drafted: int32 [B] the drafts proposed (gamma without early stop).
-    lengths: int32 [B] tokens emitted before this iteration.
-    done: bool [B] rows that had finished before this iteration.
-    eos_id: the token that ends a row.
-    max_decode_len: most tokens a row emits.
-
-  Returns:
-    block: int32 [B, gamma + 1] x_1..x_n, then the next token (junk after).
-    sources: int32 [B, gamma + 1] ACCEPTED, then REPLACEMENT or BONUS.
-    rejected: int32 [B, gamma + 1] the rejected draft at a REPLACEMENT, else
-      -1.
-    num_emitted: int32 [B] tokens of the block the row emits: up to its
-      first EOS and max_decode_len, 0 for rows already done.
-    hit_eos: bool [B] whether the emitted tokens hold EOS.
-  """
-  gamma = draft_tokens.shape[1]
-  block_positions = jnp.arange(gamma + 1)[None, :]  # [1, gamma + 1]
-  padded_drafts = jnp.pad(draft_tokens, ((0, 0), (0, 1)))  # [B, gamma + 1]
-  block = jnp.where(
-      block_positions < num_accepted[:, None],
-      padded_drafts,
-      next_tokens[:, None],
-  )  # [B, gamma + 1]
-  num_emitted = jnp.minimum(num_accepted + 1, max_decode_len - lengths)
-  is_eos = (block == eos_id) & (block_positions < num_emitted[:, None])
-  hit_eos = jnp.any(is_eos, axis=1)
-  num_emitted = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, num_emitted)
-  num_emitted = jnp.where(done, 0, num_emitted)
-  is_next = block_positions == num_accepted[:, None]  # [B, gamma + 1]
-  replaced = num_accepted < num_drafted  # [B]
-  sources = jnp.where(
-      is_next, jnp.where(replaced, REPLACEMENT, BONUS)[:, None], ACCEPTED
-  )  # [B, gamma + 1]
-  rejected = jnp.where(is_next & replaced[:, None], padded_drafts, -1)
-  return block, sources, rejected, num_emitted, hit_eos
 
 
 @jax.jit(
@@ -308,10 +204,12 @@ def _speculative_decode(
 ):
   """`speculative_decode` after argument checks."""
 
-  def cond_fn(state: SpeculativeLoopState) -> jax.Array:
+  def cond_fn(state: state_lib.SpeculativeLoopState) -> jax.Array:
     return jnp.any(~state.done)
 
-  def body_fn(state: SpeculativeLoopState) -> SpeculativeLoopState:
+  def body_fn(
+      state: state_lib.SpeculativeLoopState,
+  ) -> state_lib.SpeculativeLoopState:
     lengths = state.lengths
     iteration_rng = jax.random.fold_in(decode_rng, state.cur_index)
     draft_tokens, draft_probs, num_drafted, draft_steps, draft_cache = (
@@ -342,55 +240,33 @@ def _speculative_decode(
         verifier=verifier,
     )
 
-    block, sources, rejected, num_emitted, hit_eos = _commit(
+    return state_lib.advance(
+        state,
         draft_tokens,
-        num_accepted,
-        next_tokens,
-        num_drafted,
-        lengths,
-        state.done,
-        eos_id=eos_id,
-        max_decode_len=max_decode_len,
-    )
-    new_lengths = lengths + num_emitted
-    history, sources, rejected = (
-        _write_rows(whole, part, lengths + 1)
-        for whole, part in (
-            (state.history, block),
-            (state.sources, sources),
-            (state.rejected, rejected),
-        )
-    )
-
-    # Statistics over the drafts judged, up to EOS and max_decode_len.
-    num_judged = jnp.minimum(
-        jnp.minimum(num_accepted + 1, num_drafted), num_emitted
-    )
-    judged = jnp.arange(gamma)[None, :] < num_judged[:, None]  # [B, gamma]
-    num_kept = jnp.minimum(num_accepted, num_emitted)  # Accepted and emitted.
-    live = (~state.done).astype(jnp.int32)
-    return SpeculativeLoopState(
-        cur_index=state.cur_index + 1,
-        history=history,
-        sources=sources,
-        rejected=rejected,
-        lengths=new_lengths,
-        done=state.done | hit_eos | (new_lengths >= max_decode_len),
-        target_cache=target_cache.replace(lengths=new_lengths),
+        state_lib.commit(
+            draft_tokens,
+            num_accepted,
+            next_tokens,
+            num_drafted,
+            lengths,
+            state.done,
+            eos_id=eos_id,
+            max_decode_len=max_decode_len,
+        ),
+        num_accepted=num_accepted,
+        num_drafted=num_drafted,
+        beta=beta,
+        draft_steps=draft_steps,
+        target_cache=target_cache,
         draft_cache=draft_cache,
-        target_calls=state.target_calls + live,
-        drafted_tokens=state.drafted_tokens + num_judged,
-        accepted_tokens=state.accepted_tokens + num_kept,
-        beta_sum=state.beta_sum + jnp.sum(jnp.where(judged, beta, 0.0), axis=1),
-        draft_calls=state.draft_calls + live * draft_steps,
-        nonfinite=state.nonfinite
-        | (~state.done & jnp.any(sampling.nonfinite_rows(target_logits), 1)),
+        nonfinite=sampling.nonfinite_rows(target_logits),
+        max_decode_len=max_decode_len,
     )
 
   state = key_buckets.while_loop(
       cond_fn,
       body_fn,
-      _initial_state(
+      state_lib.initial_state(
           target_cache, draft_cache, history_len=max_decode_len + gamma + 2
       ),
       cache_fields=("target_cache", "draft_cache"),
@@ -402,26 +278,3 @@ def _speculative_decode(
   if return_caches:
     return result, state.target_cache, state.draft_cache
   return result
-
-
-def _initial_state(target_cache, draft_cache, *, history_len):
-  """The loop's state before the first iteration: no token emitted."""
-  batch_size = target_cache.lengths.shape[0]
-  zeros = jnp.zeros((batch_size,), jnp.int32)
-  history_shape = (batch_size, history_len)
-  return SpeculativeLoopState(
-      cur_index=jnp.array(0, jnp.int32),
-      history=jnp.full(history_shape, decoding.BOS_ID, jnp.int32),
-      sources=jnp.full(history_shape, PADDING, jnp.int32),
-      rejected=jnp.full(history_shape, -1, jnp.int32),
-      lengths=zeros,
-      done=jnp.zeros((batch_size,), bool),
-      target_cache=target_cache,
-      draft_cache=draft_cache,
-      target_calls=zeros,
-      drafted_tokens=zeros,
-      accepted_tokens=zeros,
-      beta_sum=jnp.zeros((batch_size,), jnp.float32),
-      draft_calls=zeros,
-      nonfinite=jnp.zeros((batch_size,), bool),
-  )

@@ -27,6 +27,7 @@ from spec_decode import drafts
 from spec_decode import engine
 from spec_decode import inputs as inputs_lib
 from spec_decode import lookup
+from spec_decode import machine
 from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import run_batches
@@ -307,6 +308,7 @@ def _results(
       gamma_policy="fixed" if calibration is None else "auto",
       calibration=None if calibration is None else calibration.to_json(),
       draft_calls_per_target_call=totals.draft_calls / totals.target_calls,
+      machine=machine.describe(),
   )
   return results
 

@@ -1,5 +1,7 @@
 """What a run prints: its results as a table, and errors as one line."""
 
+from spec_decode import machine as machine_lib
+
 _ROWS = (
     ("examples", "num_examples", "{:d}"),
     ("gamma", "gamma", "{:d}"),
@@ -34,6 +36,8 @@ def format_results(results):
       results["target_verify_ms"] / results["target_step_ms"]
   )
   lines = []
+  if "machine" in values:
+    lines.append(f"{'machine':<45} {machine_lib.summary(values['machine'])}")
   for label, key, fmt in _ROWS:
     if values.get(key) is not None:
       lines.append(f"{label:<45} {fmt.format(values[key])}")
@@ -45,7 +49,35 @@ def format_results(results):
           f"{r:.2f}" for r in values["acceptance_rate_by_position"]
       )
       lines.append(f"{'  accepted at draft position 1..gamma':<45} {rates}")
+  note = compute_bound_note(values)
+  if note:
+    lines.append(note)
   return "\n".join(lines)
+
+
+def compute_bound_note(results):
+  """A warning when the target's calls alone rule out a speedup, else None.
+
+  Theorem 3.8 assumes that scoring gamma + 1 tokens costs one target step.
+  Where the measured (gamma+1)-token call costs so many steps that even a
+  loop with no cost of its own would be slower than the baseline
+  (`call_cost_speedup` < 1), the target is compute-bound on this machine,
+  and the report says so rather than leaving a bare slowdown.
+  """
+  if (
+      results.get("call_cost_speedup") is None
+      or results["call_cost_speedup"] >= 1
+  ):
+    return None
+  ratio = results["target_verify_ms"] / results["target_step_ms"]
+  return (
+      f"note: here a {results['gamma'] + 1}-token target call costs "
+      f"{ratio:.2f} one-token calls and yields "
+      f"{results['tokens_per_target_call']:.2f} tokens, so the target is "
+      "compute-bound on this machine and no loop can be faster than the "
+      "baseline at this gamma; try a smaller run.gamma or run.gamma='auto' "
+      "(README: The memory-bound demo target)"
+  )
 
 
 # The lines gin appends to an exception raised under it.

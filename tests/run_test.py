@@ -187,6 +187,10 @@ class RunTest(parameterized.TestCase):
         places=9,
     )
     self.assertIn("  with the measured call costs", done.stdout)
+    # Where it ran, in the results and on the report's first line.
+    self.assertEqual(results["machine"]["platform"], "cpu")
+    self.assertEqual(results["machine"]["num_devices"], 8)
+    self.assertTrue(done.stdout.startswith("machine "), done.stdout)
     for key in (
         "alpha",
         "tokens_per_target_call",

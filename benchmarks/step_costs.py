@@ -43,6 +43,7 @@ from spec_decode import compiled_costs
 from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import gin_config
+from spec_decode import machine
 from spec_decode import speculative
 from spec_decode import timing
 from spec_decode.models import t5
@@ -177,32 +178,18 @@ def abstract_report(gamma, tpu_topology=None, attention_buckets=1):
   return report
 
 
-def main(argv):
-  del argv
-  if _TPU_TOPOLOGY.value and not _ABSTRACT.value:
-    sys.exit("step_costs.py: --tpu_topology needs --abstract")
-  if _ABSTRACT.value:
-    try:
-      report = abstract_report(
-          _GAMMA.value, _TPU_TOPOLOGY.value, _ATTENTION_BUCKETS.value
-      )
-    except ValueError as e:
-      sys.exit(f"step_costs.py: {e}")
-    text = json.dumps(report, indent=2)
-    if _OUTPUT.value:
-      with open(_OUTPUT.value, "w") as f:
-        f.write(text + "\n")
-    return
-  gamma, batch = _GAMMA.value, _BATCH.value
-  capacity = _MAX_DECODE_LEN.value + gamma + 1
-  rng = jax.random.key(0)
-  inputs = jax.random.randint(rng, (batch, _INPUT_LEN.value), 2, 32000)
-  setups = {}
-  for name, stem in (("target", _TARGET.value), ("draft", _DRAFT.value)):
-    config = _config(stem)
-    params = _random_params(config, jax.random.fold_in(rng, len(setups)))
-    setups[name] = _setup(t5.Transformer(config), params, inputs, capacity)
-    print(f"{name}: {stem}, {t5.num_params(config):,} parameters", flush=True)
+def timed_call_costs(setups, gamma, repeats):
+  """The timed calls, c and the paper's predictions from them.
+
+  Args:
+    setups: {'target': ..., 'draft': ...} `drafts.t5_draft` set-ups.
+    gamma: tokens drafted per target call.
+    repeats: timed loops per call; the median counts.
+
+  Returns:
+    The results dict: the calls' ms, c, the (gamma+1)-token call over a
+    step, and per paper setting Theorem 3.8 with and without that call.
+  """
   position = _MAX_DECODE_LEN.value // 2
   target_step, target_verify, draft_step = (
       timing.seconds_per_call(
@@ -210,7 +197,7 @@ def main(argv):
           setups[name].cache,
           num_tokens,
           position,
-          repeats=_REPEATS.value,
+          repeats=repeats,
       )
       for name, num_tokens in (
           ("target", 1),
@@ -221,8 +208,9 @@ def main(argv):
   c = draft_step / target_step
   results = {
       "device": str(jax.devices()[0].device_kind),
+      "machine": machine.describe(),
       "jax": jax.__version__,
-      "batch": batch,
+      "batch": setups["target"].cache.lengths.shape[0],
       "gamma": gamma,
       "target_step_ms": 1e3 * target_step,
       "target_verify_ms": 1e3 * target_verify,
@@ -242,53 +230,102 @@ def main(argv):
         ),
         "optimal_gamma": analysis.optimal_gamma(alpha, c),
     }
-  print(json.dumps(results, indent=2), flush=True)
-  if _LOOP.value:
-    target = setups["target"]
-    baseline_cache = _setup(
-        target.decode_fn.model,
-        target.decode_fn.params,
-        inputs,
-        _MAX_DECODE_LEN.value,
-    ).cache
-    # No EOS (-1): both loops emit exactly max_decode_len tokens per row.
-    baseline = timing.median_seconds(
-        lambda: decoding.autoregressive_decode(
-            target.decode_fn,
-            baseline_cache,
-            rng,
-            max_decode_len=_MAX_DECODE_LEN.value,
-            eos_id=-1,
-        ).sequences,
-        3,
-    )
-    spec = timing.median_seconds(
-        lambda: speculative.speculative_decode(
-            target.decode_fn,
-            target.decode_fn,
-            target.cache,
-            target.cache,
-            rng,
-            gamma=gamma,
-            max_decode_len=_MAX_DECODE_LEN.value,
-            eos_id=-1,
-        ).sequences,
-        3,
-    )
-    results["self_draft_loop"] = {
-        "baseline_ms_per_token": 1e3 * baseline / _MAX_DECODE_LEN.value,
-        "speculative_ms_per_token": 1e3 * spec / _MAX_DECODE_LEN.value,
-        "speedup": baseline / spec,
-        "ideal": analysis.call_cost_speedup(
-            gamma + 1, gamma, target_step, target_verify, target_step
-        ),
-    }
-  text = json.dumps(results, indent=2)
-  if _LOOP.value:
-    print(json.dumps(results["self_draft_loop"], indent=2))
+  return results
+
+
+def self_draft_loop(target, inputs, rng, gamma, results):
+  """Both whole loops with the target as its own draft (alpha = 1).
+
+  Args:
+    target: the target's `drafts.t5_draft` set-up.
+    inputs: int32 [B, S] the encoder's inputs.
+    rng: the sampling key.
+    gamma: tokens drafted per target call.
+    results: `timed_call_costs`'s results, for the ideal speedup.
+
+  Returns:
+    ms per token of each loop, their ratio, and the ratio the timed calls
+    allow a loop with no cost of its own.
+  """
+  max_decode_len = _MAX_DECODE_LEN.value
+  baseline_cache = _setup(
+      target.decode_fn.model, target.decode_fn.params, inputs, max_decode_len
+  ).cache
+  # No EOS (-1): both loops emit exactly max_decode_len tokens per row.
+  baseline = timing.median_seconds(
+      lambda: decoding.autoregressive_decode(
+          target.decode_fn,
+          baseline_cache,
+          rng,
+          max_decode_len=max_decode_len,
+          eos_id=-1,
+      ).sequences,
+      3,
+  )
+  spec = timing.median_seconds(
+      lambda: speculative.speculative_decode(
+          target.decode_fn,
+          target.decode_fn,
+          target.cache,
+          target.cache,
+          rng,
+          gamma=gamma,
+          max_decode_len=max_decode_len,
+          eos_id=-1,
+      ).sequences,
+      3,
+  )
+  step, verify = results["target_step_ms"], results["target_verify_ms"]
+  return {
+      "baseline_ms_per_token": 1e3 * baseline / max_decode_len,
+      "speculative_ms_per_token": 1e3 * spec / max_decode_len,
+      "speedup": baseline / spec,
+      "ideal": analysis.call_cost_speedup(gamma + 1, gamma, step, verify, step),
+  }
+
+
+def _write(results):
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
-      f.write(text + "\n")
+      f.write(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv):
+  del argv
+  if _TPU_TOPOLOGY.value and not _ABSTRACT.value:
+    sys.exit("step_costs.py: --tpu_topology needs --abstract")
+  if _ABSTRACT.value:
+    try:
+      _write(
+          abstract_report(
+              _GAMMA.value, _TPU_TOPOLOGY.value, _ATTENTION_BUCKETS.value
+          )
+      )
+    except ValueError as e:
+      sys.exit(f"step_costs.py: {e}")
+    return
+  gamma = _GAMMA.value
+  rng = jax.random.key(0)
+  inputs = jax.random.randint(rng, (_BATCH.value, _INPUT_LEN.value), 2, 32000)
+  setups = {}
+  for name, stem in (("target", _TARGET.value), ("draft", _DRAFT.value)):
+    config = _config(stem)
+    params = _random_params(config, jax.random.fold_in(rng, len(setups)))
+    setups[name] = _setup(
+        t5.Transformer(config),
+        params,
+        inputs,
+        _MAX_DECODE_LEN.value + gamma + 1,
+    )
+    print(f"{name}: {stem}, {t5.num_params(config):,} parameters", flush=True)
+  results = timed_call_costs(setups, gamma, _REPEATS.value)
+  print(json.dumps(results, indent=2), flush=True)
+  if _LOOP.value:
+    results["self_draft_loop"] = self_draft_loop(
+        setups["target"], inputs, rng, gamma, results
+    )
+    print(json.dumps(results["self_draft_loop"], indent=2))
+  _write(results)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import jax
 
 from spec_decode import drafts
 from spec_decode import gin_config
+from spec_decode import machine
 from spec_decode import timing
 from spec_decode.models import t5
 from spec_decode.models.config import T5Config
@@ -118,6 +119,7 @@ def main(argv):
   names = _ONLY.value or list(CANDIDATES)
   results = {
       "device": str(jax.devices()[0].device_kind),
+      "machine": machine.describe(),
       "jax": jax.__version__,
       "batch": 1,
       "input_len": INPUT_LEN,

@@ -30,6 +30,9 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 _REPEATS = flags.DEFINE_integer("repeats", 9, "Timed loops; medians count.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 9, "Longest call (gamma+1).")
 _ONLY = flags.DEFINE_list("only", None, "Candidate names to measure.")
+_TRANSPOSED = flags.DEFINE_bool(
+    "transposed_kernels", False, "T5Config.transposed_kernels of each."
+)
 
 # Multi30k inputs are about 20 tokens with the task prefix; a call in the
 # middle of a 25-token output.
@@ -66,7 +69,9 @@ def candidate_config(name):
   """The T5Config of a candidate (see CANDIDATES)."""
   stem, fields = CANDIDATES[name]
   gin_config.parse([f"models/{stem}.gin"])
-  return dataclasses.replace(T5Config(), **fields)
+  return dataclasses.replace(
+      T5Config(), transposed_kernels=_TRANSPOSED.value, **fields
+  )
 
 
 def decoder_path_bytes(params):
@@ -122,6 +127,7 @@ def main(argv):
       "machine": machine.describe(),
       "jax": jax.__version__,
       "batch": 1,
+      "transposed_kernels": _TRANSPOSED.value,
       "input_len": INPUT_LEN,
       "position": POSITION,
       "repeats": _REPEATS.value,

@@ -147,12 +147,15 @@ def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):
   config = model_config(scope)
   with gin.config_scope(scope):
     path = checkpoint_path()
-  shapes = t5.param_shapes(config)
+  # Checkpoints hold t5x's layout; a transposed_kernels model gets its
+  # kernels transposed once loaded.
+  stored = dataclasses.replace(config, transposed_kernels=False)
+  shapes = t5.param_shapes(stored)
   try:
     shardings = None
     if mesh is not None:
       shardings = partitioning.shardings(
-          shapes, t5.param_logical_axes(config), mesh, rules
+          shapes, t5.param_logical_axes(stored), mesh, rules
       )
     params = checkpoints.load_params(
         path, shapes, dtype=config.activation_dtype, shardings=shardings
@@ -164,7 +167,19 @@ def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):
     raise ValueError(f"{scope} parameter {e}") from e
   if mesh is None:
     params = jax.device_put(params)
+  if config.transposed_kernels:
+    params = _transposed(params, config, mesh, rules)
   return LoadedModel(scope, config, t5.Transformer(config), params)
+
+
+def _transposed(params, config, mesh, rules):
+  """t5.transpose_kernels on device, sharded as `config`'s axes say."""
+  if mesh is None:
+    return jax.jit(t5.transpose_kernels)(params)
+  shardings = partitioning.shardings(
+      t5.param_shapes(config), t5.param_logical_axes(config), mesh, rules
+  )
+  return jax.jit(t5.transpose_kernels, out_shardings=shardings)(params)
 
 
 def check_pair(target_config, draft_config):

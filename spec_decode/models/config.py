@@ -50,6 +50,13 @@ class T5Config:
       bound rather than its whole capacity (`spec_decode/key_buckets.py`).
       Each bound is compiled; XLA:CPU copies a cache prefix before reading
       it, so 1 (the whole capacity at every call) suits a CPU.
+    transposed_kernels: store every projection's kernel as [out, in], its
+      logical axes reversed, and contract on its last axis. The product is
+      the same; XLA:CPU computes it for a few rows much faster than from
+      t5x's [in, out] (the 48.2M demo target on a Zen 2 CPU: a 5-token
+      call 10.9 ms instead of 16.7, a step 5.0 instead of 5.8). A
+      checkpoint stays in t5x's layout: `pair.load_model` transposes the
+      kernels as it loads them (`t5.transpose_kernels`).
   """
 
   vocab_size: int = gin.REQUIRED
@@ -68,6 +75,7 @@ class T5Config:
   logits_dtype: str = "float32"
   shared_encoder_dim: int = 0
   attention_buckets: int = 1
+  transposed_kernels: bool = False
 
   def __post_init__(self):
     for name in (
@@ -112,6 +120,11 @@ class T5Config:
             f"T5Config.{name} must be one of {allowed}, got "
             f"{getattr(self, name)!r}"
         )
+    if not isinstance(self.transposed_kernels, bool):
+      raise ValueError(
+          "T5Config.transposed_kernels must be True or False, got "
+          f"{self.transposed_kernels!r}"
+      )
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
 
   @property

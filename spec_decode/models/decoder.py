@@ -23,14 +23,27 @@ class DecoderLayer(nn.Module):
     dtype = cfg.activation_dtype
     self.pre_self_attention_layer_norm = layers.RmsNorm(dtype)
     self.self_attention = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.emb_dim,
+        dtype,
+        transposed_kernels=cfg.transposed_kernels,
     )
     self.pre_cross_attention_layer_norm = layers.RmsNorm(dtype)
     self.encoder_decoder_attention = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.emb_dim,
+        dtype,
+        transposed_kernels=cfg.transposed_kernels,
     )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
-    self.mlp = layers.Mlp(cfg.mlp_dim, cfg.mlp_activations, dtype)
+    self.mlp = layers.Mlp(
+        cfg.mlp_dim,
+        cfg.mlp_activations,
+        dtype,
+        transposed_kernels=cfg.transposed_kernels,
+    )
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
   def cross_key_values(self, encoded):
@@ -117,6 +130,7 @@ class Decoder(nn.Module):
           ("embed", "vocab"),
           logits_dtype,
           widening_to=logits_dtype if logits_dtype == jnp.float32 else None,
+          transposed=cfg.transposed_kernels,
       )
 
   def cross_key_values(self, encoded):

@@ -17,10 +17,19 @@ class EncoderLayer(nn.Module):
     dtype = cfg.activation_dtype
     self.pre_attention_layer_norm = layers.RmsNorm(dtype)
     self.attention = layers.MultiHeadAttention(
-        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.emb_dim,
+        dtype,
+        transposed_kernels=cfg.transposed_kernels,
     )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
-    self.mlp = layers.Mlp(cfg.mlp_dim, cfg.mlp_activations, dtype)
+    self.mlp = layers.Mlp(
+        cfg.mlp_dim,
+        cfg.mlp_activations,
+        dtype,
+        transposed_kernels=cfg.transposed_kernels,
+    )
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
   def __call__(self, x, bias, mask, deterministic):

@@ -3,7 +3,9 @@
 Every parameter carries logical axis names from t5x's vocabulary (`vocab`,
 `embed`, `mlp`, `heads`, `kv`, `joined_kv`, `relpos_buckets`), so that one table
 of rules in the partitioning code can shard any model. Kernels are stored as t5x
-stores them: 2-D, e.g. an attention query kernel is [embed, heads * head_dim].
+stores them: 2-D, e.g. an attention query kernel is [embed, heads * head_dim];
+with `T5Config.transposed_kernels` they are [heads * head_dim, embed] instead,
+their axis names reversed (`Dense.transposed`).
 
 References:
   Raffel et al., 2020, "Exploring the Limits of Transfer Learning with a Unified
@@ -12,6 +14,7 @@ References:
 """
 
 from collections.abc import Sequence
+import functools
 from typing import Any
 
 from flax import linen as nn
@@ -52,19 +55,28 @@ class RmsNorm(nn.Module):
     return (x * scale.astype(jnp.float32)).astype(self.dtype)
 
 
-def widening_dot(x, kernel, out_dtype):
+def project(x, kernel, transposed=False, out_dtype=None):
+  """x [..., K] times a kernel: [K, N], or [N, K] when `transposed`.
+
+  A transposed kernel contracts on its last (contiguous) axis: the same
+  product, which XLA:CPU's kernels compute much faster for a few rows
+  (`T5Config.transposed_kernels`).
+  """
+  spec = "...k,nk->...n" if transposed else "...k,kn->...n"
+  return jnp.einsum(spec, x, kernel, preferred_element_type=out_dtype)
+
+
+def widening_dot(x, kernel, out_dtype, transposed=False):
   """x [..., K] @ kernel [K, N] -> out_dtype [..., N], widening only if needed.
 
   The dot runs in the wider of the two operands' dtypes (only the narrower
   one is cast) and accumulates in out_dtype (`preferred_element_type`):
   bfloat16 activations against bfloat16 weights give float32 logits from
   bfloat16 operands, whose products are exact in float32, with no float32
-  copy of the weights.
+  copy of the weights. A `transposed` kernel is [N, K] (see `project`).
   """
   dtype = jnp.promote_types(x.dtype, kernel.dtype)
-  return jnp.dot(
-      x.astype(dtype), kernel.astype(dtype), preferred_element_type=out_dtype
-  )
+  return project(x.astype(dtype), kernel.astype(dtype), transposed, out_dtype)
 
 
 class Dense(nn.Module):
@@ -76,6 +88,8 @@ class Dense(nn.Module):
       the kernel's dtypes and accumulates in (and returns) this dtype
       (`widening_dot`): the logits projection's float32 from bfloat16
       weights.
+    transposed: the kernel is stored [features, in] with its axes' names
+      reversed, rather than t5x's [in, features] (see `project`).
   """
 
   features: int
@@ -85,18 +99,21 @@ class Dense(nn.Module):
       1.0, "fan_in", "truncated_normal"
   )
   widening_to: DType | None = None
+  transposed: bool = False
 
   @nn.compact
   def __call__(self, x):
+    shape, axes = (x.shape[-1], self.features), self.kernel_axes
+    if self.transposed:
+      shape, axes = shape[::-1], axes[::-1]
     kernel = self.param(
-        "kernel",
-        _partitioned(self.kernel_init, self.kernel_axes),
-        (x.shape[-1], self.features),
-        jnp.float32,
+        "kernel", _partitioned(self.kernel_init, axes), shape, jnp.float32
     )
     if self.widening_to is not None:
-      return widening_dot(x, kernel, self.widening_to)
-    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+      return widening_dot(x, kernel, self.widening_to, self.transposed)
+    return project(
+        x.astype(self.dtype), kernel.astype(self.dtype), self.transposed
+    )
 
 
 class Embed(nn.Module):
@@ -239,6 +256,7 @@ class MultiHeadAttention(nn.Module):
   head_dim: int
   emb_dim: int
   dtype: DType = jnp.float32
+  transposed_kernels: bool = False
 
   def setup(self):
     joined = self.num_heads * self.head_dim
@@ -246,10 +264,13 @@ class MultiHeadAttention(nn.Module):
     query_init = nn.initializers.variance_scaling(
         1.0 / self.head_dim, "fan_in", "normal"
     )
-    self.query = Dense(joined, ("embed", "joined_kv"), self.dtype, query_init)
-    self.key = Dense(joined, ("embed", "joined_kv"), self.dtype)
-    self.value = Dense(joined, ("embed", "joined_kv"), self.dtype)
-    self.out = Dense(self.emb_dim, ("joined_kv", "embed"), self.dtype)
+    dense = functools.partial(
+        Dense, dtype=self.dtype, transposed=self.transposed_kernels
+    )
+    self.query = dense(joined, ("embed", "joined_kv"), kernel_init=query_init)
+    self.key = dense(joined, ("embed", "joined_kv"))
+    self.value = dense(joined, ("embed", "joined_kv"))
+    self.out = dense(self.emb_dim, ("joined_kv", "embed"))
 
   def _heads(self, x):
     # [B, T, H * D] -> [B, T, H, D]
@@ -285,13 +306,17 @@ class Mlp(nn.Module):
   mlp_dim: int
   activations: Sequence[str]
   dtype: DType = jnp.float32
+  transposed_kernels: bool = False
 
   @nn.compact
   def __call__(self, x):
+    dense = functools.partial(
+        Dense, dtype=self.dtype, transposed=self.transposed_kernels
+    )
     hidden = None
     for i, name in enumerate(self.activations):
       dense_name = "wi" if len(self.activations) == 1 else f"wi_{i}"
-      h = Dense(self.mlp_dim, ("embed", "mlp"), self.dtype, name=dense_name)(x)
+      h = dense(self.mlp_dim, ("embed", "mlp"), name=dense_name)(x)
       h = h if name == "linear" else getattr(nn, name)(h)
       hidden = h if hidden is None else hidden * h
-    return Dense(x.shape[-1], ("mlp", "embed"), self.dtype, name="wo")(hidden)
+    return dense(x.shape[-1], ("mlp", "embed"), name="wo")(hidden)

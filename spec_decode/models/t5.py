@@ -47,7 +47,10 @@ class Transformer(nn.Module):
     )
     if cfg.shared_encoder_dim:
       self.encoder_projection = layers.Dense(
-          cfg.emb_dim, ("encoder_embed", "embed"), cfg.activation_dtype
+          cfg.emb_dim,
+          ("encoder_embed", "embed"),
+          cfg.activation_dtype,
+          transposed=cfg.transposed_kernels,
       )
     else:
       self.encoder = encoder.Encoder(cfg, self.token_embedder)
@@ -211,6 +214,21 @@ def param_logical_axes(config):
       functools.partial(_init_variables, config), jax.random.key(0)
   )
   return nn.get_partition_spec(variables)["params"]
+
+
+def transpose_kernels(params):
+  """Every projection's kernel (a leaf named 'kernel') transposed, [N, K].
+
+  t5x's tree, as checkpoints store it, into the layout of a config with
+  `transposed_kernels`; the same function maps it back.
+  """
+  transposed = {}
+  for name, value in params.items():
+    if isinstance(value, dict):
+      transposed[name] = transpose_kernels(value)
+    else:
+      transposed[name] = value.T if name == "kernel" else value
+  return transposed
 
 
 def num_params(config):

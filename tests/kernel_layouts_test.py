@@ -8,6 +8,8 @@ import jax
 
 from spec_decode.models import t5
 
+import fake_models
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from benchmarks import kernel_layouts  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -15,15 +17,7 @@ from benchmarks import kernel_layouts  # pylint: disable=g-import-not-at-top,wro
 class KernelLayoutsTest(absltest.TestCase):
 
   def test_measure_on_a_tiny_t5(self):
-    config = t5.T5Config(
-        vocab_size=64,
-        emb_dim=16,
-        num_heads=2,
-        head_dim=8,
-        mlp_dim=32,
-        num_encoder_layers=1,
-        num_decoder_layers=1,
-    )
+    config = fake_models.tiny_t5(64)
     params = t5.init_params(config, jax.random.key(0))
     results = kernel_layouts.measure(config, params, max_tokens=2, rounds=1)
     for layout in kernel_layouts.LAYOUTS:

@@ -238,6 +238,12 @@ class TransposedKernelsTest(parameterized.TestCase):
         t5.transpose_kernels(t5.transpose_kernels(params)),
         params,
     )
+    # A transposed model draws the same weights, transposed.
+    jax.tree.map(
+        np.testing.assert_array_equal,
+        t5.init_params(config, jax.random.key(0)),
+        t5.transpose_kernels(params),
+    )
 
   def test_not_a_bool_raises(self):
     with self.assertRaisesRegex(ValueError, "transposed_kernels must be True"):

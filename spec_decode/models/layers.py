@@ -103,11 +103,20 @@ class Dense(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    shape, axes = (x.shape[-1], self.features), self.kernel_axes
+    shape, axes, init = (x.shape[-1], self.features), self.kernel_axes, None
     if self.transposed:
       shape, axes = shape[::-1], axes[::-1]
+
+      def init(rng, shape, dtype):
+        # t5x's kernel drawn as t5x draws it (fan-in from its first axis),
+        # then transposed: the same values as the [in, out] model's.
+        return self.kernel_init(rng, shape[::-1], dtype).T
+
     kernel = self.param(
-        "kernel", _partitioned(self.kernel_init, axes), shape, jnp.float32
+        "kernel",
+        _partitioned(init or self.kernel_init, axes),
+        shape,
+        jnp.float32,
     )
     if self.widening_to is not None:
       return widening_dot(x, kernel, self.widening_to, self.transposed)

@@ -21,6 +21,7 @@ import jax
 
 # Registers run.*, read_inputs.* and make_mesh.*, which run configs bind.
 from spec_decode import compare  # pylint: disable=unused-import
+from spec_decode import cli
 from spec_decode import drafts
 from spec_decode import gin_config
 from spec_decode import machine
@@ -31,8 +32,6 @@ from spec_decode import timing
 from spec_decode import vocabulary  # pylint: disable=unused-import
 from spec_decode.models import t5
 
-_GIN_FILE = flags.DEFINE_multi_string("gin_file", ["demo.gin"], "Run config.")
-_GIN_BINDINGS = flags.DEFINE_multi_string("gin_bindings", [], "Bindings.")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 5, "Longest call (gamma+1).")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Timed rounds; medians count.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
@@ -99,15 +98,17 @@ def measure(config, params, max_tokens, rounds):
 
 def main(argv):
   del argv
+  # spec_decode.cli's --gin_file and --gin_bindings; the demo's by default.
+  files = cli.GIN_FILES.value or ["demo.gin"]
   gin_config.parse(
-      _GIN_FILE.value,
-      list(_GIN_BINDINGS.value)
+      files,
+      list(cli.GIN_BINDINGS.value)
       + ["target/T5Config.transposed_kernels = False"],
   )
   target = pair.load_model("target")
   results = {
       "machine": machine.describe(),
-      "gin_file": _GIN_FILE.value,
+      "gin_file": files,
       "rounds": _ROUNDS.value,
       "calls_per_loop": timing.CALLS_PER_LOOP,
       **measure(target.config, target.params, _MAX_TOKENS.value, _ROUNDS.value),

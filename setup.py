@@ -80,8 +80,12 @@ setuptools.setup(
     version="0.1.0",
     description="Speculative decoding for encoder-decoder Transformers in JAX",
     packages=setuptools.find_packages(include=["spec_decode", "spec_decode.*"]),
-    # The demo's vocabulary, test inputs and trained pair.
-    package_data={"spec_decode": _demo_files()},
+    # The demo's vocabulary, test inputs and trained pair; the CPU kernel's
+    # source, which compiles on first use.
+    package_data={
+        "spec_decode": _demo_files(),
+        "spec_decode.kernels": ["*.cc"],
+    },
     cmdclass={"build_py": BuildPy},
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,

@@ -221,7 +221,7 @@ class ColabSetupTest(parameterized.TestCase):
       self.assertIn("use a git SOURCE", report["error"])
       self.assertNotIn("\n", report["error"])
 
-  def test_real_wheel_carries_the_configs(self):
+  def test_real_wheel_carries_the_configs_and_kernel_source(self):
     # setup.py's build_py copies configs/ into the package: from the wheel,
     # unpacked as pip installs it, the cell's working directory holds every
     # file the demo config names.
@@ -244,12 +244,14 @@ class ColabSetupTest(parameterized.TestCase):
         import colab_setup
         root = colab_setup.set_up(None, pathlib.Path({str(self.dir / "work")!r}), "cpu")
         import spec_decode
+        from spec_decode.kernels import few_rows
         demo = (root / "configs" / "demo.gin").read_text()
         paths = re.findall(r"'(spec_decode/[^']+)'", demo)
         print(json.dumps({{
             "package": spec_decode.__file__,
             "root": str(root),
             "paths": {{p: (root / p).exists() for p in paths}},
+            "kernel_source": few_rows._SOURCE.is_file(),
         }}))
     """)
     done = subprocess.run(
@@ -267,6 +269,8 @@ class ColabSetupTest(parameterized.TestCase):
     # The demo's checkpoints and vocabulary, all found.
     self.assertGreaterEqual(len(report["paths"]), 3)
     self.assertEqual(set(report["paths"].values()), {True}, report["paths"])
+    # The CPU kernel's source, which the demo's target compiles on first use.
+    self.assertTrue(report["kernel_source"])
 
   def test_installed_package_fetches_nothing(self):
     # The project's own venv has spec_decode: the whole cell runs, and any

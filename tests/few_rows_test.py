@@ -1,0 +1,179 @@
+"""spec_decode/kernels/few_rows: the CPU kernel for a few rows times [N, K].
+
+Reference products are float64 NumPy; the kernel sums in float32, so the
+tolerance is float32 rounding over K terms.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.kernels import few_rows
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _operands(lead, k, n, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal(lead + (k,)).astype(np.float32)
+  w = rng.standard_normal((n, k)).astype(np.float32)
+  return x, w
+
+
+def _reference(x, w):
+  return np.einsum("...k,nk->...n", x.astype(np.float64), w.astype(np.float64))
+
+
+class FewRowsTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.assertTrue(few_rows.available(), "the kernel did not build")
+
+  @parameterized.product(
+      rows=(1, 2, 3, 5, 7, 8),
+      # K: a multiple of 16, 8 but not 16, and a scalar tail; N crosses the
+      # 64-row chunks the threads claim.
+      k_n=((512, 130), (24, 64), (13, 3), (1, 1)),
+  )
+  def test_matches_float64(self, rows, k_n):
+    k, n = k_n
+    x, w = _operands((rows,), k, n)
+    self.assertTrue(few_rows.applies(jnp.asarray(x), jnp.asarray(w)))
+    got = np.asarray(jax.jit(few_rows.product)(x, w))
+    self.assertEqual(got.dtype, np.float32)
+    bound = 4 * np.finfo(np.float32).eps * np.abs(x) @ np.abs(w).T
+    np.testing.assert_array_less(np.abs(got - _reference(x, w)), bound + 1e-30)
+
+  def test_empty_contraction_is_zeros(self):
+    x, w = _operands((2,), 0, 3)
+    got = jax.jit(few_rows._kernel_product)(x, w)
+    np.testing.assert_array_equal(got, np.zeros((2, 3), np.float32))
+
+  def test_leading_axes(self):
+    x, w = _operands((2, 3), 40, 17)
+    got = jax.jit(few_rows.product)(x, w)
+    self.assertEqual(got.shape, (2, 3, 17))
+    np.testing.assert_allclose(got, _reference(x, w), rtol=1e-5, atol=1e-5)
+
+  def test_a_row_is_the_same_alone_and_among_others(self):
+    # The summation order is fixed: a decode step's row and the same row in
+    # a verification call get bit-identical sums, and so do repeated calls.
+    x, w = _operands((8,), 512, 200)
+    product = jax.jit(few_rows.product)
+    together = np.asarray(product(x, w))
+    np.testing.assert_array_equal(np.asarray(product(x, w)), together)
+    for m in range(1, 8):
+      np.testing.assert_array_equal(np.asarray(product(x[:m], w)), together[:m])
+      np.testing.assert_array_equal(
+          np.asarray(product(x[m : m + 1], w))[0], together[m]
+      )
+
+  def test_outside_its_range_it_is_xla_dot(self):
+    x, w = _operands((9,), 32, 16)
+    self.assertFalse(few_rows.applies(jnp.asarray(x), jnp.asarray(w)))
+    bf16 = jnp.asarray(x[:2], jnp.bfloat16)
+    self.assertFalse(few_rows.applies(bf16, jnp.asarray(w, jnp.bfloat16)))
+    np.testing.assert_array_equal(
+        jax.jit(few_rows.product)(x, w),
+        jax.jit(lambda a, b: jnp.einsum("...k,nk->...n", a, b))(x, w),
+    )
+    self.assertNotIn(
+        "custom_call",
+        jax.jit(few_rows.product).lower(x, w).as_text(),
+    )
+    self.assertIn(
+        "custom_call",
+        jax.jit(few_rows.product).lower(x[:8], w).as_text(),
+    )
+
+  def test_not_inside_a_multi_device_mesh(self):
+    mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+    x, w = _operands((2,), 32, 16)
+    with jax.set_mesh(mesh):
+      self.assertFalse(few_rows.applies(jnp.asarray(x), jnp.asarray(w)))
+
+  def test_gradient_is_the_einsum_gradient(self):
+    x, w = _operands((3,), 24, 10)
+
+    def loss(product, a, b):
+      return jnp.sum(jnp.sin(product(a, b)))
+
+    got = jax.grad(lambda a, b: loss(few_rows.product, a, b), (0, 1))(x, w)
+    expected = jax.grad(
+        lambda a, b: loss(lambda c, d: jnp.einsum("mk,nk->mn", c, d), a, b),
+        (0, 1),
+    )(x, w)
+    for g, e in zip(got, expected):
+      np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+  def test_vmap_and_loops(self):
+    x, w = _operands((4, 2), 24, 10)
+    got = jax.jit(jax.vmap(few_rows.product, in_axes=(0, None)))(x, w)
+    np.testing.assert_allclose(got, _reference(x, w), rtol=1e-5, atol=1e-5)
+
+    def body(carry, row):
+      return carry + few_rows.product(row, w).sum(), None
+
+    total, _ = jax.jit(lambda xs: jax.lax.scan(body, 0.0, xs))(x)
+    np.testing.assert_allclose(total, _reference(x, w).sum(), rtol=1e-4)
+
+
+class BuildTest(absltest.TestCase):
+
+  def test_a_second_build_reuses_the_library(self):
+    library = few_rows._build()
+    with mock.patch.object(subprocess, "run") as run:
+      self.assertEqual(few_rows._build(), library)
+    run.assert_not_called()
+
+  def test_a_compiler_failure_names_the_compiler(self):
+    cache = self.enterContext(tempfile.TemporaryDirectory())
+    with mock.patch.dict(
+        os.environ, {"CXX": "false", "SPEC_DECODE_CACHE": cache}
+    ):
+      with self.assertRaisesRegex(RuntimeError, "false failed on few_rows.cc"):
+        few_rows._build()
+    self.assertEqual(list(pathlib.Path(cache, "kernels").iterdir()), [])
+
+  def test_without_a_compiler_the_model_falls_back_with_a_warning(self):
+    # A fresh process, whose kernel cache is empty and which finds no
+    # compiler: `available` is False, says why, and products still run.
+    script = (
+        "import numpy as np\n"
+        "from spec_decode.kernels import few_rows\n"
+        "x = np.ones((2, 8), np.float32); w = np.ones((3, 8), np.float32)\n"
+        "print(few_rows.available(), few_rows.product(x, w).tolist())\n"
+    )
+    env = dict(
+        os.environ,
+        CXX="",
+        PATH="/nonexistent",
+        SPEC_DECODE_CACHE=self.enterContext(tempfile.TemporaryDirectory()),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    self.assertEqual(
+        done.stdout.strip(), "False [[8.0, 8.0, 8.0], [8.0, 8.0, 8.0]]"
+    )
+    self.assertIn("few-rows CPU kernel unavailable", done.stderr)
+    self.assertIn("no C++ compiler", done.stderr)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -149,7 +149,9 @@ def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):
     path = checkpoint_path()
   # Checkpoints hold t5x's layout; a transposed_kernels model gets its
   # kernels transposed once loaded.
-  stored = dataclasses.replace(config, transposed_kernels=False)
+  stored = dataclasses.replace(
+      config, transposed_kernels=False, few_rows_kernel=False
+  )
   shapes = t5.param_shapes(stored)
   try:
     shardings = None

@@ -248,6 +248,48 @@ class TransposedKernelsTest(parameterized.TestCase):
   def test_not_a_bool_raises(self):
     with self.assertRaisesRegex(ValueError, "transposed_kernels must be True"):
       dataclasses.replace(_config("t5_1_1"), transposed_kernels="yes")
+    with self.assertRaisesRegex(ValueError, "few_rows_kernel must be True"):
+      dataclasses.replace(
+          _config("t5_1_1"), transposed_kernels=True, few_rows_kernel=1
+      )
+
+  def test_few_rows_kernel_needs_transposed_kernels(self):
+    with self.assertRaisesRegex(
+        ValueError, "needs T5Config.transposed_kernels"
+    ):
+      dataclasses.replace(_config("t5_1_1"), few_rows_kernel=True)
+
+  @parameterized.parameters("t5_1_1", "t5_1_0")
+  def test_same_decode_logits_from_the_few_rows_kernel(self, family):
+    # 1..3-token cached decode calls of 2 rows (2..6 rows a product) run in
+    # the kernel; the logits match t5x's layout to float32 rounding.
+    config = _config(family)
+    kernel_config = dataclasses.replace(
+        config, transposed_kernels=True, few_rows_kernel=True
+    )
+    params = t5.init_params(config, jax.random.key(1))
+    moved = t5.transpose_kernels(params)
+    rng = np.random.default_rng(1)
+    inputs = jnp.asarray(rng.integers(2, 97, (2, 7)))
+    targets = jnp.asarray(rng.integers(2, 97, (2, 6)))
+    logits = {}
+    for name, cfg, p in (
+        ("t5x", config, params),
+        ("few", kernel_config, moved),
+    ):
+      model = t5.Transformer(cfg)
+      encoded = model.apply({"params": p}, inputs, method=model.encode)
+      cache = model.apply(
+          {"params": p}, encoded, inputs, 12, method=model.init_cache
+      )
+      decode = _jitted_decode(model)
+      if name == "few":
+        hlo = decode.lower(p, targets[:, :3], cache).as_text()
+        self.assertIn("spec_decode_few_rows_product", hlo)
+      step, cache = decode(p, targets[:, :1], cache)
+      rest, _ = decode(p, targets[:, 1:4], cache)
+      logits[name] = np.concatenate([step, rest], axis=1)
+    np.testing.assert_allclose(logits["few"], logits["t5x"], atol=ATOL, rtol=0)
 
 
 class SharedEncoderTest(absltest.TestCase):

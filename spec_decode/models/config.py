@@ -57,6 +57,11 @@ class T5Config:
       call 10.9 ms instead of 16.7, a step 5.0 instead of 5.8). A
       checkpoint stays in t5x's layout: `pair.load_model` transposes the
       kernels as it loads them (`t5.transpose_kernels`).
+    few_rows_kernel: with transposed_kernels, a float32 product of at most 8
+      rows (a decode call at batch 1 and gamma < 8) runs in spec_decode's
+      CPU kernel, which reads each kernel once for all its rows
+      (`spec_decode/kernels/few_rows.py`); on other platforms, or where it
+      does not compile, XLA's dot. The sums match to float32 rounding.
   """
 
   vocab_size: int = gin.REQUIRED
@@ -76,6 +81,7 @@ class T5Config:
   shared_encoder_dim: int = 0
   attention_buckets: int = 1
   transposed_kernels: bool = False
+  few_rows_kernel: bool = False
 
   def __post_init__(self):
     for name in (
@@ -120,10 +126,16 @@ class T5Config:
             f"T5Config.{name} must be one of {allowed}, got "
             f"{getattr(self, name)!r}"
         )
-    if not isinstance(self.transposed_kernels, bool):
+    for name in ("transposed_kernels", "few_rows_kernel"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(
+            f"T5Config.{name} must be True or False, got "
+            f"{getattr(self, name)!r}"
+        )
+    if self.few_rows_kernel and not self.transposed_kernels:
       raise ValueError(
-          "T5Config.transposed_kernels must be True or False, got "
-          f"{self.transposed_kernels!r}"
+          "T5Config.few_rows_kernel needs T5Config.transposed_kernels = True "
+          "(the kernel reads [out, in] weights)"
       )
     object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
 

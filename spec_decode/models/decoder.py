@@ -28,6 +28,7 @@ class DecoderLayer(nn.Module):
         cfg.emb_dim,
         dtype,
         transposed_kernels=cfg.transposed_kernels,
+        few_rows_kernel=cfg.few_rows_kernel,
     )
     self.pre_cross_attention_layer_norm = layers.RmsNorm(dtype)
     self.encoder_decoder_attention = layers.MultiHeadAttention(
@@ -36,6 +37,7 @@ class DecoderLayer(nn.Module):
         cfg.emb_dim,
         dtype,
         transposed_kernels=cfg.transposed_kernels,
+        few_rows_kernel=cfg.few_rows_kernel,
     )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
     self.mlp = layers.Mlp(
@@ -43,6 +45,7 @@ class DecoderLayer(nn.Module):
         cfg.mlp_activations,
         dtype,
         transposed_kernels=cfg.transposed_kernels,
+        few_rows_kernel=cfg.few_rows_kernel,
     )
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
@@ -131,6 +134,7 @@ class Decoder(nn.Module):
           logits_dtype,
           widening_to=logits_dtype if logits_dtype == jnp.float32 else None,
           transposed=cfg.transposed_kernels,
+          few_rows=cfg.few_rows_kernel,
       )
 
   def cross_key_values(self, encoded):

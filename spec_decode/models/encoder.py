@@ -22,6 +22,7 @@ class EncoderLayer(nn.Module):
         cfg.emb_dim,
         dtype,
         transposed_kernels=cfg.transposed_kernels,
+        few_rows_kernel=cfg.few_rows_kernel,
     )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
     self.mlp = layers.Mlp(
@@ -29,6 +30,7 @@ class EncoderLayer(nn.Module):
         cfg.mlp_activations,
         dtype,
         transposed_kernels=cfg.transposed_kernels,
+        few_rows_kernel=cfg.few_rows_kernel,
     )
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 

@@ -23,6 +23,8 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode.kernels import few_rows as few_rows_kernel
+
 DType = Any
 
 # RMS norm epsilon of T5 (and t5x's LayerNorm).
@@ -55,18 +57,22 @@ class RmsNorm(nn.Module):
     return (x * scale.astype(jnp.float32)).astype(self.dtype)
 
 
-def project(x, kernel, transposed=False, out_dtype=None):
+def project(x, kernel, transposed=False, out_dtype=None, few_rows=False):
   """x [..., K] times a kernel: [K, N], or [N, K] when `transposed`.
 
   A transposed kernel contracts on its last (contiguous) axis: the same
   product, which XLA:CPU's kernels compute much faster for a few rows
-  (`T5Config.transposed_kernels`).
+  (`T5Config.transposed_kernels`). With `few_rows` too, a float32 product of
+  a few rows runs in spec_decode's CPU kernel, which streams the kernel once
+  for all of them (`spec_decode/kernels/few_rows.py`).
   """
+  if few_rows and transposed and jnp.dtype(out_dtype or x.dtype) == jnp.float32:
+    return few_rows_kernel.product(x, kernel)
   spec = "...k,nk->...n" if transposed else "...k,kn->...n"
   return jnp.einsum(spec, x, kernel, preferred_element_type=out_dtype)
 
 
-def widening_dot(x, kernel, out_dtype, transposed=False):
+def widening_dot(x, kernel, out_dtype, transposed=False, few_rows=False):
   """x [..., K] @ kernel [K, N] -> out_dtype [..., N], widening only if needed.
 
   The dot runs in the wider of the two operands' dtypes (only the narrower
@@ -76,7 +82,9 @@ def widening_dot(x, kernel, out_dtype, transposed=False):
   copy of the weights. A `transposed` kernel is [N, K] (see `project`).
   """
   dtype = jnp.promote_types(x.dtype, kernel.dtype)
-  return project(x.astype(dtype), kernel.astype(dtype), transposed, out_dtype)
+  return project(
+      x.astype(dtype), kernel.astype(dtype), transposed, out_dtype, few_rows
+  )
 
 
 class Dense(nn.Module):
@@ -90,6 +98,8 @@ class Dense(nn.Module):
       weights.
     transposed: the kernel is stored [features, in] with its axes' names
       reversed, rather than t5x's [in, features] (see `project`).
+    few_rows: a transposed kernel's float32 products of a few rows run in
+      spec_decode's CPU kernel (see `project`).
   """
 
   features: int
@@ -100,6 +110,7 @@ class Dense(nn.Module):
   )
   widening_to: DType | None = None
   transposed: bool = False
+  few_rows: bool = False
 
   @nn.compact
   def __call__(self, x):
@@ -119,9 +130,14 @@ class Dense(nn.Module):
         jnp.float32,
     )
     if self.widening_to is not None:
-      return widening_dot(x, kernel, self.widening_to, self.transposed)
+      return widening_dot(
+          x, kernel, self.widening_to, self.transposed, self.few_rows
+      )
     return project(
-        x.astype(self.dtype), kernel.astype(self.dtype), self.transposed
+        x.astype(self.dtype),
+        kernel.astype(self.dtype),
+        self.transposed,
+        few_rows=self.few_rows,
     )
 
 
@@ -266,6 +282,7 @@ class MultiHeadAttention(nn.Module):
   emb_dim: int
   dtype: DType = jnp.float32
   transposed_kernels: bool = False
+  few_rows_kernel: bool = False
 
   def setup(self):
     joined = self.num_heads * self.head_dim
@@ -274,7 +291,10 @@ class MultiHeadAttention(nn.Module):
         1.0 / self.head_dim, "fan_in", "normal"
     )
     dense = functools.partial(
-        Dense, dtype=self.dtype, transposed=self.transposed_kernels
+        Dense,
+        dtype=self.dtype,
+        transposed=self.transposed_kernels,
+        few_rows=self.few_rows_kernel,
     )
     self.query = dense(joined, ("embed", "joined_kv"), kernel_init=query_init)
     self.key = dense(joined, ("embed", "joined_kv"))
@@ -316,11 +336,15 @@ class Mlp(nn.Module):
   activations: Sequence[str]
   dtype: DType = jnp.float32
   transposed_kernels: bool = False
+  few_rows_kernel: bool = False
 
   @nn.compact
   def __call__(self, x):
     dense = functools.partial(
-        Dense, dtype=self.dtype, transposed=self.transposed_kernels
+        Dense,
+        dtype=self.dtype,
+        transposed=self.transposed_kernels,
+        few_rows=self.few_rows_kernel,
     )
     hidden = None
     for i, name in enumerate(self.activations):

@@ -51,6 +51,7 @@ class Transformer(nn.Module):
           ("encoder_embed", "embed"),
           cfg.activation_dtype,
           transposed=cfg.transposed_kernels,
+          few_rows=cfg.few_rows_kernel,
       )
     else:
       self.encoder = encoder.Encoder(cfg, self.token_embedder)

@@ -1,15 +1,16 @@
-r"""A trained target's decode calls in t5x's kernel layout and transposed.
+r"""A trained target's decode calls by kernel layout and product kernel.
 
   python benchmarks/kernel_layouts.py --gin_file=configs/demo.gin \
       --output=benchmarks/results/kernel_layouts_demo.json
 
 Loads the target of a run config (as `spec_decode.run` does), then times its
-1..max_tokens-token decode calls at batch 1 twice over, with the same
-weights: kernels as t5x stores them ([in, out]) and transposed ([out, in],
-`T5Config.transposed_kernels`). Every call runs in a jitted loop
-(`timing.call_loop`), and all of them are timed in alternation, one run of
-each per round (`timing.interleaved_medians`), so that both layouts meet
-the same machine.
+1..max_tokens-token decode calls at batch 1 three times over, with the same
+weights: kernels as t5x stores them ([in, out]); transposed ([out, in],
+`T5Config.transposed_kernels`); and transposed, with few-row products in
+spec_decode's CPU kernel (`T5Config.few_rows_kernel`). Every call runs in a
+jitted loop (`timing.call_loop`), and all of them are timed in alternation,
+one run of each per round (`timing.interleaved_medians`), so that every
+layout meets the same machine.
 """
 
 import dataclasses
@@ -41,7 +42,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 INPUT_LEN = 24
 POSITION = 12
 CAPACITY = 64 + 9
-LAYOUTS = ("t5x", "transposed")
+LAYOUTS = ("t5x", "transposed", "few_rows")
 
 
 def measure(config, params, max_tokens, rounds):
@@ -55,13 +56,20 @@ def measure(config, params, max_tokens, rounds):
 
   Returns:
     {'ms_per_call': {layout: {tokens: ms}}, 'over_1_token': the same over
-    each layout's 1-token call, 'transposed_over_t5x': {tokens: ratio}}.
+    each layout's 1-token call, 'over_t5x': {layout: {tokens: ratio}}}.
   """
+  transposed = jax.jit(t5.transpose_kernels)(params)
   models = {
       "t5x": (config, params),
       "transposed": (
           dataclasses.replace(config, transposed_kernels=True),
-          jax.jit(t5.transpose_kernels)(params),
+          transposed,
+      ),
+      "few_rows": (
+          dataclasses.replace(
+              config, transposed_kernels=True, few_rows_kernel=True
+          ),
+          transposed,
       ),
   }
   inputs = jax.random.randint(
@@ -90,8 +98,9 @@ def measure(config, params, max_tokens, rounds):
           layout: {t: ms[layout][t] / ms[layout][1] for t in ms[layout]}
           for layout in LAYOUTS
       },
-      "transposed_over_t5x": {
-          t: ms["transposed"][t] / ms["t5x"][t] for t in ms["t5x"]
+      "over_t5x": {
+          layout: {t: ms[layout][t] / ms["t5x"][t] for t in ms["t5x"]}
+          for layout in LAYOUTS[1:]
       },
   }
 
@@ -103,7 +112,10 @@ def main(argv):
   gin_config.parse(
       files,
       list(cli.GIN_BINDINGS.value)
-      + ["target/T5Config.transposed_kernels = False"],
+      + [
+          "target/T5Config.transposed_kernels = False",
+          "target/T5Config.few_rows_kernel = False",
+      ],
   )
   target = pair.load_model("target")
   results = {
@@ -119,10 +131,9 @@ def main(argv):
         f"{t}:{ms:.2f}" for t, ms in results["ms_per_call"][layout].items()
     )
     print(f"{layout:10s} ms per call by tokens {line}", flush=True)
-  ratios = " ".join(
-      f"{t}:{r:.2f}" for t, r in results["transposed_over_t5x"].items()
-  )
-  print(f"transposed / t5x {ratios}")
+  for layout, ratios in results["over_t5x"].items():
+    line = " ".join(f"{t}:{r:.2f}" for t, r in ratios.items())
+    print(f"{layout} / t5x {line}")
   if _OUTPUT.value:
     with open(_OUTPUT.value, "w") as f:
       f.write(json.dumps(results, indent=2) + "\n")

@@ -40,7 +40,7 @@ class FewRowsTest(parameterized.TestCase):
     self.assertTrue(few_rows.available(), "the kernel did not build")
 
   @parameterized.product(
-      rows=(1, 2, 3, 5, 7, 8),
+      rows=(1, 2, 3, 5, 7, 8, 13, 16),
       # K: a multiple of 16, 8 but not 16, and a scalar tail; N crosses the
       # 64-row chunks the threads claim.
       k_n=((512, 130), (24, 64), (13, 3), (1, 1)),
@@ -68,18 +68,18 @@ class FewRowsTest(parameterized.TestCase):
   def test_a_row_is_the_same_alone_and_among_others(self):
     # The summation order is fixed: a decode step's row and the same row in
     # a verification call get bit-identical sums, and so do repeated calls.
-    x, w = _operands((8,), 512, 200)
+    x, w = _operands((few_rows.MAX_ROWS,), 512, 200)
     product = jax.jit(few_rows.product)
     together = np.asarray(product(x, w))
     np.testing.assert_array_equal(np.asarray(product(x, w)), together)
-    for m in range(1, 8):
+    for m in range(1, few_rows.MAX_ROWS):
       np.testing.assert_array_equal(np.asarray(product(x[:m], w)), together[:m])
       np.testing.assert_array_equal(
           np.asarray(product(x[m : m + 1], w))[0], together[m]
       )
 
   def test_outside_its_range_it_is_xla_dot(self):
-    x, w = _operands((9,), 32, 16)
+    x, w = _operands((few_rows.MAX_ROWS + 1,), 32, 16)
     self.assertFalse(few_rows.applies(jnp.asarray(x), jnp.asarray(w)))
     bf16 = jnp.asarray(x[:2], jnp.bfloat16)
     self.assertFalse(few_rows.applies(bf16, jnp.asarray(w, jnp.bfloat16)))
@@ -93,7 +93,7 @@ class FewRowsTest(parameterized.TestCase):
     )
     self.assertIn(
         "custom_call",
-        jax.jit(few_rows.product).lower(x[:8], w).as_text(),
+        jax.jit(few_rows.product).lower(x[: few_rows.MAX_ROWS], w).as_text(),
     )
 
   def test_not_inside_a_multi_device_mesh(self):

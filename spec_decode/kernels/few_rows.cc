@@ -43,7 +43,11 @@ constexpr int64_t kChunkRows = 64;
 // The hardware prefetcher alone lets the multiplications delay the stream:
 // on one Zen 2 core a 512x512 product of 5 rows then cost 1.58 one-row
 // products, and 1.04 with this prefetch. A single row streams about 1.1x
-// faster without it, so only passes over two rows or more prefetch.
+// faster without it, so only passes over two rows or more prefetch. The
+// prefetch is non-temporal (locality 0): weights read once per call then
+// displace less of what stays cached between calls, and the demo target's
+// 5-token call took 5.5-5.8 ms in the speculative loop against 6.1-6.2 with
+// a temporal prefetch (benchmarks/loop_overhead.py, alternate runs).
 constexpr int64_t kPrefetchRows = 2;
 
 inline Vec Load(const float* p) {
@@ -71,7 +75,7 @@ void GroupTimesRows(const float* x, const float* w, float* out, int64_t N,
     for (int g = 0; g < G; ++g) even[g] = odd[g] = Vec{};
     for (int64_t k = 0; k < k16; k += 16) {
       // 16 floats are one cache line.
-      if (G > 1) __builtin_prefetch(wn + kPrefetchRows * K + k);
+      if (G > 1) __builtin_prefetch(wn + kPrefetchRows * K + k, 0, 0);
       const Vec w0 = Load(wn + k), w1 = Load(wn + k + 8);
       for (int g = 0; g < G; ++g) {
         even[g] += Load(x + g * K + k) * w0;

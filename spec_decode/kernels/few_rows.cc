@@ -16,12 +16,16 @@
 // of k, then a fixed lane reduction. So a row's result is bit-identical
 // whether it is computed alone (a decode step) or among others (verification).
 //
-// Work is split over chunks of weight rows among OpenMP threads. Their
-// threads wait for the next call spinning a while before they sleep, so that
-// the products of one decode step, a few microseconds apart, find them awake.
-// (Tasks on XLA's intra-op pool found its threads asleep between products:
-// the demo target's decode steps were 15% slower in its decode loop than in a
-// loop of steps alone.)
+// Products of several rows are split over chunks of weight rows among OpenMP
+// threads. Their threads wait for the next call spinning a while before they
+// sleep, so that the products of one decode call, a few microseconds apart,
+// find them awake. (Tasks on XLA's intra-op pool found its threads asleep
+// between products: the demo target's decode steps were 15% slower in its
+// decode loop than in a loop of steps alone.) A single row runs on the
+// calling thread alone: one core streams the weights about as fast as two,
+// and a decode step's ~55 products then pay no fork and join. On a 2-core
+// Zen 4 EPYC (32 MiB L3) the demo target's 1-token call took 4.3-4.5 ms so,
+// against 5.2 split over both cores; its 2-6-token calls took the same.
 
 #include <cstddef>
 #include <cstdint>
@@ -133,7 +137,7 @@ ffi::Error FewRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
   const float* wd = w.typed_data();
   float* od = out->typed_data();
   const int64_t num_chunks = (N + kChunkRows - 1) / kChunkRows;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (M > 1)
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t n0 = c * kChunkRows;
     const int64_t n1 = n0 + kChunkRows < N ? n0 + kChunkRows : N;

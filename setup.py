@@ -84,7 +84,7 @@ setuptools.setup(
     # source, which compiles on first use.
     package_data={
         "spec_decode": _demo_files(),
-        "spec_decode.kernels": ["*.cc"],
+        "spec_decode.kernels": ["*.cc", "*.h"],
     },
     cmdclass={"build_py": BuildPy},
     python_requires=">=3.11",

@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import threading
 from unittest import mock
 
 from absl.testing import absltest
@@ -78,6 +79,28 @@ class FewRowsTest(parameterized.TestCase):
           np.asarray(product(x[m : m + 1], w))[0], together[m]
       )
 
+  def test_concurrent_callers_get_the_same_sums(self):
+    # Products of several rows run on the kernel's worker threads, one job at
+    # a time; a caller that finds them busy computes its product alone. Both
+    # give the same bits as a lone call.
+    x, w = _operands((5,), 512, 600)
+    product = jax.jit(few_rows.product)
+    expected = np.asarray(product(x, w))
+    results = [[] for _ in range(4)]
+
+    def call(out):
+      for _ in range(25):
+        out.append(np.asarray(product(x, w)))
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in results]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    for got in (g for r in results for g in r):
+      np.testing.assert_array_equal(got, expected)
+    self.assertEqual(sum(map(len, results)), 100)
+
   def test_outside_its_range_it_is_xla_dot(self):
     x, w = _operands((few_rows.MAX_ROWS + 1,), 32, 16)
     self.assertFalse(few_rows.applies(jnp.asarray(x), jnp.asarray(w)))
@@ -144,6 +167,33 @@ class BuildTest(absltest.TestCase):
       with self.assertRaisesRegex(RuntimeError, "false failed on few_rows.cc"):
         few_rows._build()
     self.assertEqual(list(pathlib.Path(cache, "kernels").iterdir()), [])
+
+  def test_a_forked_child_has_its_own_workers(self):
+    # The parent's worker threads do not exist in a forked child: its first
+    # product of several rows must start workers of its own, not wait on the
+    # parent's forever.
+    script = (
+        "import os, numpy as np, jax\n"
+        "from spec_decode.kernels import few_rows\n"
+        "x = np.ones((5, 64), np.float32); w = np.ones((300, 64), np.float32)\n"
+        "product = jax.jit(few_rows.product)\n"
+        "assert few_rows.available() and float(product(x, w)[4, 299]) == 64\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "  ok = float(np.asarray(product(x + 1, w)).sum()) == 5 * 300 * 128\n"
+        "  os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('child', os.waitstatus_to_exitcode(status))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    self.assertIn("child 0", done.stdout)
 
   def test_without_a_compiler_the_model_falls_back_with_a_warning(self):
     # A fresh process, whose kernel cache is empty and which finds no

@@ -16,21 +16,18 @@
 // of k, then a fixed lane reduction. So a row's result is bit-identical
 // whether it is computed alone (a decode step) or among others (verification).
 //
-// Products of several rows are split over chunks of weight rows among OpenMP
-// threads. Their threads wait for the next call spinning a while before they
-// sleep, so that the products of one decode call, a few microseconds apart,
-// find them awake. (Tasks on XLA's intra-op pool found its threads asleep
-// between products: the demo target's decode steps were 15% slower in its
-// decode loop than in a loop of steps alone.) A single row runs on the
-// calling thread alone: one core streams the weights about as fast as two,
-// and a decode step's ~55 products then pay no fork and join. On a 2-core
-// Zen 4 EPYC (32 MiB L3) the demo target's 1-token call took 4.3-4.5 ms so,
-// against 5.2 split over both cores; its 2-6-token calls took the same.
+// Products of several rows are split over chunks of weight rows among the
+// threads of spin_pool.h, whose workers spin between products. A single row
+// runs on the calling thread alone: one core streams the weights about as
+// fast as two, and a decode step's ~55 products then pay no hand-off. On a
+// 2-core Zen 4 EPYC (32 MiB L3) the demo target's 1-token call took 4.3-4.5
+// ms so, against 5.2 split over both cores.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "spin_pool.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -117,6 +114,25 @@ void RowsTimesRows(const float* x, const float* w, float* out, int64_t M,
   }
 }
 
+struct Product {
+  const float* x;
+  const float* w;
+  float* out;
+  int64_t M, N, K;
+};
+
+// Part `part` of `parts` of a Product: its share of the chunks of weight rows.
+void ProductPart(const void* job, int part, int parts) {
+  const Product& p = *static_cast<const Product*>(job);
+  const int64_t num_chunks = (p.N + kChunkRows - 1) / kChunkRows;
+  for (int64_t c = num_chunks * part / parts;
+       c < num_chunks * (part + 1) / parts; ++c) {
+    const int64_t n0 = c * kChunkRows;
+    const int64_t n1 = n0 + kChunkRows < p.N ? n0 + kChunkRows : p.N;
+    RowsTimesRows(p.x, p.w, p.out, p.M, p.N, p.K, n0, n1);
+  }
+}
+
 ffi::Error FewRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                        ffi::ResultBuffer<ffi::F32> out) {
   const auto x_dims = x.dimensions();
@@ -133,15 +149,12 @@ ffi::Error FewRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
     std::memset(out->typed_data(), 0, out->size_bytes());
     return ffi::Error::Success();
   }
-  const float* xd = x.typed_data();
-  const float* wd = w.typed_data();
-  float* od = out->typed_data();
-  const int64_t num_chunks = (N + kChunkRows - 1) / kChunkRows;
-#pragma omp parallel for schedule(static) if (M > 1)
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const int64_t n0 = c * kChunkRows;
-    const int64_t n1 = n0 + kChunkRows < N ? n0 + kChunkRows : N;
-    RowsTimesRows(xd, wd, od, M, N, K, n0, n1);
+  const Product product{x.typed_data(), w.typed_data(), out->typed_data(),
+                        M, N, K};
+  if (M == 1) {
+    ProductPart(&product, 0, 1);
+  } else {
+    spin_pool::Shared().Run(ProductPart, &product);
   }
   return ffi::Error::Success();
 }

@@ -163,6 +163,7 @@ def abstract_report(gamma, tpu_topology=None, attention_buckets=1):
         )
         entry = dataclasses.asdict(costs)
         entry["bytes_over_needed"] = costs.bytes_over_needed
+        entry["offchip_over_needed"] = costs.offchip_over_needed
         report["calls"][f"{name}_{num_tokens}tok_b{batch}{suffix}"] = entry
         print(
             f"{dtype:8s} {name:6s} {stem:14s} tokens {num_tokens} batch "
@@ -170,7 +171,9 @@ def abstract_report(gamma, tpu_topology=None, attention_buckets=1):
             f"{costs.bytes_accessed / 1e9:7.2f} GB accessed, params "
             f"{costs.param_bytes / 1e9:6.2f} GB, cache "
             f"{costs.cache_bytes / 1e9:6.3f} GB, ratio "
-            f"{costs.bytes_over_needed:5.2f}, keys read {costs.key_limit}, "
+            f"{costs.bytes_over_needed:5.2f}, off-chip "
+            f"{costs.offchip_bytes / 1e9:7.2f} GB, ratio "
+            f"{costs.offchip_over_needed:5.2f}, keys read {costs.key_limit}, "
             f"{costs.hlo_ops} HLO ops, "
             f"{len(costs.cache_moves)} cache-sized copies/transposes",
             flush=True,

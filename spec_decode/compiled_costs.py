@@ -5,7 +5,10 @@ bytes it reads and writes. A memory-bound decode call should read little more
 than what it must: the parameters on the decoder path and the K/V entries up
 to the rows' lengths. This module compares the two, and lists the compiled
 instructions that copy or transpose an array as large as one layer's
-self-attention cache, which no decode step needs.
+self-attention cache, which no decode step needs. Beside XLA's count it sets
+the off-chip bytes of the compiled program's buffers (`hlo_traffic`): a TPU
+compile's `cost_analysis()` also counts the weights it prefetches into VMEM,
+several times over.
 
   report = call_costs(config, batch_size=32, num_tokens=8, input_len=256,
                       capacity=264, filled=128)
@@ -23,6 +26,7 @@ from jax.experimental.layout import Layout
 import jax.numpy as jnp
 
 from spec_decode import drafts
+from spec_decode import hlo_traffic
 from spec_decode import key_buckets
 from spec_decode.models import t5
 from spec_decode.models.config import T5Config
@@ -62,6 +66,9 @@ class CallCosts:
   Attributes:
     flops: XLA's count of floating-point operations.
     bytes_accessed: XLA's count of bytes read and written.
+    offchip_bytes: the bytes of the entry instructions' off-chip operands
+      and results, each read or written once (`hlo_traffic.offchip_bytes`):
+      on a TPU compile, what HBM must move; on a CPU one, every operand.
     param_bytes: bytes of the parameters the call must read: the decoder
       stack and logits layer, less the cross-attention key and value kernels,
       plus the embedding rows it looks up (or the whole embedding when the
@@ -80,6 +87,7 @@ class CallCosts:
 
   flops: float
   bytes_accessed: float
+  offchip_bytes: int
   param_bytes: int
   cache_bytes: int
   hlo_ops: int
@@ -90,6 +98,11 @@ class CallCosts:
   def bytes_over_needed(self):
     """bytes_accessed / (param_bytes + cache_bytes): 1 reads nothing extra."""
     return self.bytes_accessed / (self.param_bytes + self.cache_bytes)
+
+  @property
+  def offchip_over_needed(self):
+    """offchip_bytes / (param_bytes + cache_bytes)."""
+    return self.offchip_bytes / (self.param_bytes + self.cache_bytes)
 
 
 def _nbytes(shape_dtype):
@@ -236,6 +249,7 @@ def call_costs(
   return CallCosts(
       flops=float(analysis.get("flops", 0.0)),
       bytes_accessed=float(analysis.get("bytes accessed", 0.0)),
+      offchip_bytes=hlo_traffic.offchip_bytes(hlo_text),
       param_bytes=decode_path_param_bytes(
           config, params, batch_size * num_tokens
       ),

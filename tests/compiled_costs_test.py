@@ -106,6 +106,11 @@ class CallCostsTest(absltest.TestCase):
     for costs in (one, four):
       # A call reads each parameter it uses at least once.
       self.assertGreaterEqual(costs.bytes_accessed, costs.param_bytes)
+      self.assertGreaterEqual(costs.offchip_bytes, costs.param_bytes)
+      self.assertAlmostEqual(
+          costs.offchip_over_needed,
+          costs.offchip_bytes / (costs.param_bytes + costs.cache_bytes),
+      )
       self.assertGreater(costs.hlo_ops, 0)
       self.assertAlmostEqual(
           costs.bytes_over_needed,

@@ -29,7 +29,7 @@ estimate of what the program's buffers require, to set beside
 `cost_analysis()`. On a CPU compile nothing is marked on chip, so every
 operand counts.
 
-  bytes_ = offchip_bytes(compiled.as_text())
+  moved = hlo_traffic.offchip_bytes(compiled.as_text())
 """
 
 import math
@@ -51,8 +51,21 @@ _ARRAY = re.compile(
 # A layout's memory space other than the default (off-chip) one.
 _ON_CHIP = re.compile(r"S\(\d+\)")
 _ITEMSIZE = {"pred": 1, "bf16": 2}
-_NO_DATA = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
-_CONTROL = ("while", "conditional", "call", "copy-done", "after-all")
+# Instructions counted as nothing: control flow (its bodies are other
+# computations), the end of a prefetch (its start counts), and those that
+# move no data.
+_UNCOUNTED = (
+    "while",
+    "conditional",
+    "call",
+    "copy-done",
+    "after-all",
+    "parameter",
+    "constant",
+    "tuple",
+    "get-tuple-element",
+    "bitcast",
+)
 _SLICES = ("slice", "dynamic-slice", "gather")
 # In-place updates and the position of their update operand.
 _UPDATES = {"dynamic-update-slice": 1, "scatter": 2}
@@ -95,7 +108,9 @@ def _parse(hlo_text):
           dict(
               match.groupdict(),
               operands=re.findall(r"%([\w.\-]+)", operands),
-              calls=(re.findall(r"calls=%?([\w.\-]+)", match["rest"]) or [None])[0],
+              calls=(
+                  re.findall(r"calls=%?([\w.\-]+)", match["rest"]) or [None]
+              )[0],
               parameter=re.match(r"(\d+)\)", match["rest"]),
           )
       )
@@ -139,7 +154,7 @@ def instruction_bytes(hlo_text):
   counted = []
   for inst in entry:
     op = inst["op"]
-    if op in _NO_DATA or op in _CONTROL:
+    if op in _UNCOUNTED:
       continue
     operands = [array_bytes(types.get(o, "")) for o in inst["operands"]]
     writes = 0 if op == "copy-start" else array_bytes(inst["type"])

@@ -85,10 +85,12 @@ class TpuModuleTest(absltest.TestCase):
     x, w, out = 8 * 128 * 2, 128 * 256 * 2, 8 * 256 * 2
     self.assertEqual(
         sorted(hlo_traffic.instruction_bytes(_PREFETCHED_DOT)),
-        sorted([
-            (w, "copy-start", "copy-start"),
-            (x + out, "fusion", "convolution_convert_fusion"),
-        ]),
+        sorted(
+            [
+                (w, "copy-start", "copy-start"),
+                (x + out, "fusion", "convolution_convert_fusion"),
+            ]
+        ),
     )
     self.assertEqual(hlo_traffic.offchip_bytes(_PREFETCHED_DOT), x + w + out)
 
@@ -109,11 +111,13 @@ class TpuModuleTest(absltest.TestCase):
     prefix = 4 * 16 * 64 * 4  # read and written
     self.assertEqual(
         sorted(hlo_traffic.instruction_bytes(_SLICED_AND_UPDATED)),
-        sorted([
-            (row + index + row, "fusion", "row"),
-            (scatter + 4 * 64 * 4, "fusion", "written"),
-            (2 * prefix, "slice", "prefix"),
-        ]),
+        sorted(
+            [
+                (row + index + row, "fusion", "row"),
+                (scatter + 4 * 64 * 4, "fusion", "written"),
+                (2 * prefix, "slice", "prefix"),
+            ]
+        ),
     )
 
 

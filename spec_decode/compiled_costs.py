@@ -39,19 +39,6 @@ _NOT_ON_DECODE_PATH = re.compile(
 )
 # HLO opcodes that move an array without computing anything.
 _MOVES = ("copy", "transpose")
-# HLO element types and their NumPy names.
-_HLO_DTYPES = {
-    "pred": "bool",
-    "s8": "int8",
-    "u8": "uint8",
-    "s32": "int32",
-    "u32": "uint32",
-    "s64": "int64",
-    "bf16": "bfloat16",
-    "f16": "float16",
-    "f32": "float32",
-    "f64": "float64",
-}
 # `%name = f32[32,264,64,128]{3,2,1,0} copy(...)`: the result's element type
 # and dimensions, then the opcode.
 _INSTRUCTION = re.compile(
@@ -145,16 +132,11 @@ def cache_moves(hlo_text, min_bytes):
   moves = []
   for line in hlo_text.splitlines():
     match = _INSTRUCTION.search(line)
-    if (
-        not match
-        or match["op"] not in _MOVES
-        or match["dtype"] not in _HLO_DTYPES
-    ):
+    if not match or match["op"] not in _MOVES:
       continue
-    dims = [int(d) for d in match["dims"].split(",") if d]
-    itemsize = jnp.dtype(_HLO_DTYPES[match["dtype"]]).itemsize
-    if math.prod(dims) * itemsize >= min_bytes:
-      moves.append(f"{match['op']} {match['dtype']}[{match['dims']}]")
+    result = f"{match['dtype']}[{match['dims']}]"
+    if hlo_traffic.array_bytes(result, offchip_only=False) >= min_bytes:
+      moves.append(f"{match['op']} {result}")
   return tuple(moves)
 
 

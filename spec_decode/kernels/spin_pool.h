@@ -18,7 +18,6 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
-#include <vector>
 
 #include <pthread.h>
 #include <sched.h>

@@ -68,8 +68,9 @@ class CallCosts:
       keys.
     key_limit: the cache positions the call's self-attention reads: the
       smallest of the cache's bounds (`key_buckets.cache_bounds`, with
-      `config.attention_buckets`) that holds the rows' lengths after the call,
-      as in the body of the decode loop that runs at these lengths.
+      `config.attention_buckets`) that holds the rows' lengths after the call.
+      The call is compiled on the cache cut to it, as the body of the decode
+      loop that runs at these lengths carries it.
   """
 
   flops: float
@@ -198,7 +199,9 @@ def call_costs(
       inputs,
   )
   key_limit = key_buckets.bound_for(cache, filled + num_tokens)
-  cache = key_buckets.bounded(cache, key_limit)
+  cache = jax.eval_shape(
+      functools.partial(key_buckets.resized, length=key_limit), cache
+  )
   tokens = jax.ShapeDtypeStruct((batch_size, num_tokens), jnp.int32)
 
   def call(params, tokens, cache):

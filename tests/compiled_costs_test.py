@@ -130,6 +130,10 @@ class CallCostsTest(absltest.TestCase):
     self.assertEqual(bucketed.cache_bytes, whole.cache_bytes)
     # Attention's dots over 136 keys rather than 264.
     self.assertLess(bucketed.flops, whole.flops)
+    # The call reads a cache cut to the bound, as one of that capacity: no
+    # prefix of a larger cache sliced or copied out first.
+    cut = compiled_costs.call_costs(config, 2, 8, 8, 136, 128)
+    self.assertEqual(bucketed.offchip_bytes, cut.offchip_bytes)
 
   def test_compiles_for_a_given_device_with_free_layouts(self):
     # The path a TPU topology's chip takes, here with the host's CPU.

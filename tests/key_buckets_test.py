@@ -58,15 +58,18 @@ class BoundsTest(parameterized.TestCase):
     self.assertEqual(key_buckets.bound_for(cache, 137), 200)
     self.assertEqual(key_buckets.bound_for(cache, 300), 264)
 
-  def test_batch_1_and_one_bucket_read_the_whole_capacity(self):
-    for cache in (self._cache(1, 4), self._cache(2, 1)):
-      self.assertEqual(key_buckets.cache_bounds(cache), (264,))
-      self.assertEqual(key_buckets.bound_for(cache, 9), 264)
+  def test_batch_1_buckets_and_one_bucket_reads_the_whole_capacity(self):
+    self.assertEqual(
+        key_buckets.cache_bounds(self._cache(1, 4)), (72, 136, 200, 264)
+    )
+    cache = self._cache(2, 1)
+    self.assertEqual(key_buckets.cache_bounds(cache), (264,))
+    self.assertEqual(key_buckets.bound_for(cache, 9), 264)
 
 
-class KeyLimitTest(absltest.TestCase):
+class ResizedTest(absltest.TestCase):
 
-  def test_bounded_call_matches_the_whole_capacity(self):
+  def test_call_on_a_cut_cache_matches_the_whole_capacity(self):
     config = _config()
     model = t5.Transformer(config)
     params = t5.init_params(config, jax.random.key(0))
@@ -77,31 +80,41 @@ class KeyLimitTest(absltest.TestCase):
     cache = cache.replace(lengths=jnp.asarray([3, 12, 20], jnp.int32))
     decode = jax.jit(t5.make_decode_fn(model, params).__call__)
     whole, whole_cache = decode(tokens, cache)
-    # The longest row's last query sits at 23: a bound of 24 holds it.
-    bounded, bounded_cache = decode(tokens, cache.replace(key_limit=24))
-    np.testing.assert_allclose(bounded, whole, rtol=0, atol=ATOL)
-    for mine, theirs in zip(bounded_cache.keys, whole_cache.keys):
-      np.testing.assert_array_equal(mine, theirs)
-    # A bound of 23 drops that query's own key, and changes its logits.
-    cut, _ = decode(tokens, cache.replace(key_limit=23))
-    self.assertGreater(float(jnp.max(jnp.abs(cut[2, 3] - whole[2, 3]))), 1e-3)
-    np.testing.assert_allclose(cut[:, :3], whole[:, :3], rtol=0, atol=ATOL)
+    # The longest row's last query sits at 23: 24 positions hold it.
+    cut, cut_cache = decode(tokens, key_buckets.resized(cache, 24))
+    np.testing.assert_allclose(cut, whole, rtol=0, atol=ATOL)
+    self.assertEqual(cut_cache.max_length, 24)
+    for mine, theirs in zip(cut_cache.keys, whole_cache.keys):
+      np.testing.assert_array_equal(mine, theirs[..., :24])
+    for mine, theirs in zip(cut_cache.values, whole_cache.values):
+      np.testing.assert_array_equal(mine, theirs[:, :, :24])
+    # Padded back to the capacity, the written positions are all there.
+    grown = key_buckets.resized(cut_cache, 48)
+    self.assertEqual(grown.max_length, 48)
+    for mine, theirs in zip(grown.values, whole_cache.values):
+      np.testing.assert_array_equal(mine[:, :, :24], theirs[:, :, :24])
+      np.testing.assert_array_equal(mine[:, :, 24:], 0)
+    # 23 positions drop that query's own key, and change its logits.
+    short, _ = decode(tokens, key_buckets.resized(cache, 23))
+    self.assertGreater(float(jnp.max(jnp.abs(short[2, 3] - whole[2, 3]))), 1e-3)
+    np.testing.assert_allclose(short[:, :3], whole[:, :3], rtol=0, atol=ATOL)
 
 
 class _Recorder:
-  """A decode function that records, per call in order, its key limit and
-  the keys its longest row needs (through a host callback)."""
+  """A decode function that records, per call in order, the positions of
+  the cache it is given and the keys its longest row needs (through a host
+  callback)."""
 
   def __init__(self, decode_fn):
     self.decode_fn = decode_fn
-    self.calls = []  # (key_limit or capacity, keys needed)
+    self.calls = []  # (cache positions, keys needed)
 
   def _record(self, limit, needed):
     self.calls.append((limit, int(needed)))
 
   def __call__(self, tokens, cache):
     jax.debug.callback(
-        functools.partial(self._record, cache.key_limit or cache.max_length),
+        functools.partial(self._record, cache.max_length),
         jnp.max(cache.lengths) + tokens.shape[1],
         ordered=True,
     )
@@ -186,7 +199,7 @@ class LoopTest(parameterized.TestCase):
     jax.effects_barrier()
     np.testing.assert_array_equal(bucketed.sequences, whole.sequences)
     np.testing.assert_array_equal(bucketed.target_calls, whole.target_calls)
-    self.assertEqual(bucketed_target.key_limit, None)
+    self.assertEqual(bucketed_target.max_length, MAX_DECODE_LEN + gamma + 1)
     self.assertEqual(bucketed_target.key_buckets, 4)
     for mine, theirs in zip(bucketed_target.values, whole_target.values):
       np.testing.assert_allclose(mine, theirs, rtol=0, atol=ATOL)
@@ -207,7 +220,7 @@ class LoopTest(parameterized.TestCase):
     whole, _ = self._baseline(1, SAMPLED)
     bucketed, cache = self._baseline(4, SAMPLED)
     np.testing.assert_array_equal(bucketed.sequences, whole.sequences)
-    self.assertEqual(cache.key_limit, None)
+    self.assertEqual(cache.max_length, MAX_DECODE_LEN)
 
 
 if __name__ == "__main__":

@@ -48,8 +48,9 @@ class T5Config:
       capacity into this many static key bounds and run one while loop per
       bound, so that each call's self-attention reads the cache up to its
       bound rather than its whole capacity (`spec_decode/key_buckets.py`).
-      Each bound is compiled; XLA:CPU copies a cache prefix before reading
-      it, so 1 (the whole capacity at every call) suits a CPU.
+      Each bound is a compiled loop body; 1 (the whole capacity at every
+      call, one body) suits models whose cache is a small part of what a
+      call reads, as the demo pair's.
     transposed_kernels: store every projection's kernel as [out, in], its
       logical axes reversed, and contract on its last axis. The product is
       the same; XLA:CPU computes it for a few rows much faster than from

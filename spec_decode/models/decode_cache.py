@@ -20,9 +20,9 @@ and compilers lay them out differently:
 
 Positions at or past the capacity are dropped.
 
-A call can read the cache up to a static bound, `key_limit`, rather than its
-whole capacity: the decode loops run one `lax.while_loop` per bucket of the
-capacity and set the bound for each (`spec_decode/key_buckets.py`).
+A call attends every position of the cache it is given. The decode loops can
+run one `lax.while_loop` per bucket of the capacity, each carrying the cache
+cut to its bucket's bound (`spec_decode/key_buckets.py`).
 """
 
 from flax import struct
@@ -49,9 +49,6 @@ class DecodeCache:
       or beyond a row's length are masked and free to be overwritten.
     key_buckets: static; how many key bounds the decode loops run this cache
       at (`T5Config.attention_buckets`; 1 reads the whole capacity).
-    key_limit: static; None, or a bound under the capacity: a call then
-      attends only the first key_limit positions, and every row's length plus
-      the call's tokens must be within it (the loops guarantee it).
   """
 
   keys: tuple[jax.Array, ...]
@@ -61,7 +58,6 @@ class DecodeCache:
   encoder_mask: jax.Array
   lengths: jax.Array
   key_buckets: int = struct.field(pytree_node=False, default=1)
-  key_limit: int | None = struct.field(pytree_node=False, default=None)
 
   @property
   def max_length(self):
@@ -85,7 +81,6 @@ class DecodeCache:
         encoder_mask=jax.sharding.PartitionSpec("cache_batch", None),
         lengths=jax.sharding.PartitionSpec("cache_batch"),
         key_buckets=self.key_buckets,
-        key_limit=self.key_limit,
     )
 
 

@@ -116,8 +116,7 @@ class Transformer(nn.Module):
     """Appends T tokens to every row at the row's own length.
 
     Query t of row b sits at position cache.lengths[b] + t and attends to the
-    cached positions up to and including its own: those under
-    `cache.key_limit`, when set, are all it reads.
+    cached positions up to and including its own.
 
     Args:
       tokens: int32 [B, T].
@@ -132,7 +131,7 @@ class Transformer(nn.Module):
     logits, cached = self.decoder(
         tokens,
         positions,
-        jnp.arange(cache.key_limit or cache.max_length),
+        jnp.arange(cache.max_length),
         list(zip(cache.cross_keys, cache.cross_values)),
         cache.encoder_mask,
         cached=list(zip(cache.keys, cache.values)),

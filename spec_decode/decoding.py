@@ -168,7 +168,8 @@ def _autoregressive_decode(
   def body_fn(state: DecodeLoopState) -> DecodeLoopState:
     logits, cache = target_fn(state.last_tokens[:, None], state.cache)
     step_rng = jax.random.fold_in(decode_rng, state.cur_index)
-    tokens = sampling.choose(step_rng, logits[:, 0], config)[0]  # [B]
+    uniforms = sampling.draw_uniforms(step_rng, (batch_size,))
+    tokens = sampling.choose(uniforms, logits[:, 0], config)[0]  # [B]
     sequences = jax.lax.dynamic_update_slice(
         state.sequences, tokens[:, None], (0, state.cur_index)
     )

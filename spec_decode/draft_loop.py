@@ -82,10 +82,18 @@ def propose(
   logits = jnp.take_along_axis(logits, offset, axis=1)[:, 0]  # [B, V]
   draft_cache = draft_cache.replace(lengths=lengths + 1)
 
+  batch_size, vocab_size = logits.shape
+  # Every draft's randomness in one PRNG call: [B, gamma, 2].
+  uniforms = sampling.draw_uniforms(draft_rng, (batch_size, gamma))
+
   def add(state, logits):
     """Draws draft number state.step from logits [B, V]."""
     tokens, probs = sampling.choose(
-        jax.random.fold_in(draft_rng, state.step), logits, config
+        jax.lax.dynamic_index_in_dim(
+            uniforms, state.step, axis=1, keepdims=False
+        ),
+        logits,
+        config,
     )
     stopped = state.stopped
     if threshold > 0:
@@ -101,7 +109,6 @@ def propose(
         stopped=stopped,
     )
 
-  batch_size, vocab_size = logits.shape
   state = add(
       _DraftState(
           step=jnp.array(0, jnp.int32),

@@ -123,12 +123,14 @@ def nonfinite_rows(logits: jax.Array) -> jax.Array:
 
 
 def choose(
-    rng: jax.Array, logits: jax.Array, config: SamplingConfig
+    uniforms: jax.Array, logits: jax.Array, config: SamplingConfig
 ) -> tuple[jax.Array, jax.Array | None]:
   """Draws a token per row from `logits` as `config` says, and its law.
 
   Args:
-    rng: A PRNG key (unused when greedy).
+    uniforms: float32 [..., 2] in [0, 1), the draws' randomness (see
+      `draw_uniforms`). Unused when greedy: a greedy loop that draws them
+      compiles to none.
     logits: float [..., V].
     config: How logits become the sampling distribution.
 
@@ -141,7 +143,7 @@ def choose(
   if config.greedy:
     return greedy_tokens(logits), None
   probs = logits_to_probs(logits, config)
-  return sample(rng, probs), probs
+  return draw(uniforms, probs), probs
 
 
 # Tokens per block of the two-level sampler: it draws a block, then a token
@@ -149,11 +151,12 @@ def choose(
 _BLOCK = 64
 
 
-def _inverse_cdf(rng: jax.Array, weights: jax.Array) -> jax.Array:
-  """Draws index i with probability weights[..., i] / sum(weights[...])."""
+def _inverse_cdf(uniform: jax.Array, weights: jax.Array) -> jax.Array:
+  """Index i with probability weights[..., i] / sum(weights[...]), for
+  `uniform` [...] uniform in [0, 1)."""
   cdf = jnp.cumsum(weights, axis=-1)  # [..., N]
   # In (0, total].
-  u = (1.0 - jax.random.uniform(rng, weights.shape[:-1] + (1,))) * cdf[..., -1:]
+  u = (1.0 - uniform[..., None]) * cdf[..., -1:]
   return pick(weights, cdf, u)
 
 
@@ -183,7 +186,28 @@ def pick(weights: jax.Array, cdf: jax.Array, u: jax.Array) -> jax.Array:
   return jnp.minimum(first, last)
 
 
+def draw_uniforms(rng: jax.Array, batch_shape) -> jax.Array:
+  """The randomness of a batch of draws: float32 [*batch_shape, 2] in [0, 1).
+
+  One PRNG call for all of them: each call is a threefry hash (on CPU, a
+  rolled loop of 5 iterations of a dozen small ops). When each draw split
+  its own key for its two uniforms and each draft step folded its index into
+  a key, a speculative iteration at temperature 1 made 21 such calls; with
+  the draft's uniforms drawn at once it makes 8 (README, "Loop overhead").
+
+  Args:
+    rng: A PRNG key.
+    batch_shape: the draws' shape, e.g. (B,) or (B, gamma).
+  """
+  return jax.random.uniform(rng, tuple(batch_shape) + (2,), jnp.float32)
+
+
 def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
+  """`draw` with the uniforms of `rng` (one PRNG call)."""
+  return draw(draw_uniforms(rng, probs.shape[:-1]), probs)
+
+
+def draw(uniforms: jax.Array, probs: jax.Array) -> jax.Array:
   """Draws one token per row from (possibly unnormalized) probabilities.
 
   By inverse CDF in two levels: a block of _BLOCK tokens in proportion to its
@@ -192,14 +216,15 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   cumulative sums run over at most max(V / _BLOCK, _BLOCK) terms.
 
   Args:
-    rng: A PRNG key.
+    uniforms: float32 [..., 2] independent uniforms in [0, 1): the first
+      picks the block, the second the token in it.
     probs: float [..., V] non-negative weights with a positive sum per row.
       They need not be normalized, and tokens of weight 0 are never drawn (at
       either level: see `pick`).
 
   Returns:
-    int32 [...] token ids, independent across rows, always in [0, V) (0 for
-    a row of NaN weights).
+    int32 [...] token ids, independent across rows (given independent
+    uniforms), always in [0, V) (0 for a row of NaN weights).
   """
   probs = probs.astype(jnp.float32)
   batch_shape, vocab_size = probs.shape[:-1], probs.shape[-1]
@@ -207,8 +232,7 @@ def sample(rng: jax.Array, probs: jax.Array) -> jax.Array:
   blocks = jnp.pad(probs, pad).reshape(
       batch_shape + (-1, _BLOCK)
   )  # [..., ceil(V / _BLOCK), _BLOCK]
-  block_rng, token_rng = jax.random.split(rng)
-  block = _inverse_cdf(block_rng, jnp.sum(blocks, axis=-1))  # [...]
+  block = _inverse_cdf(uniforms[..., 0], jnp.sum(blocks, axis=-1))  # [...]
   in_block = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)
-  token = _inverse_cdf(token_rng, in_block[..., 0, :])  # [...]
+  token = _inverse_cdf(uniforms[..., 1], in_block[..., 0, :])  # [...]
   return block * _BLOCK + token

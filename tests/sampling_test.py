@@ -104,7 +104,7 @@ class LogitsToProbsTest(parameterized.TestCase):
     probs = sampling.logits_to_probs(logits, sampling.SamplingConfig(0.0))
     np.testing.assert_array_equal(jax.nn.one_hot(tokens, 50), probs)
     chosen, chosen_probs = sampling.choose(
-        jax.random.key(0), logits, sampling.SamplingConfig(0.0)
+        jnp.zeros((4, 3, 2)), logits, sampling.SamplingConfig(0.0)
     )
     np.testing.assert_array_equal(chosen, tokens)
     self.assertIsNone(chosen_probs)

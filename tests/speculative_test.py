@@ -691,6 +691,51 @@ class DraftCatchUpTest(parameterized.TestCase):
     )
 
 
+def _count_primitives(jaxpr, names):
+  """Equations of `jaxpr` and of every jaxpr inside it whose primitive is
+  one of `names`."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    count += eqn.primitive.name in names
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        if isinstance(sub, jax.extend.core.ClosedJaxpr):
+          count += _count_primitives(sub.jaxpr, names)
+        elif isinstance(sub, jax.extend.core.Jaxpr):
+          count += _count_primitives(sub, names)
+  return count
+
+
+class PrngCallsTest(absltest.TestCase):
+  """An iteration's random numbers come from a fixed few PRNG calls, however
+  many drafts it makes (`sampling.draw_uniforms`)."""
+
+  def test_prng_calls_do_not_grow_with_gamma(self):
+    target = fake_models.random_model(0, VOCAB_SIZE, eos_bias=-np.inf)
+    draft = fake_models.perturbed(target, 1, 0.5)
+    contexts = fake_models.context_ids(2)
+    calls = {}
+    for gamma in (2, 6):
+      jaxpr = jax.make_jaxpr(
+          lambda: speculative.speculative_decode(
+              target,
+              draft,
+              target.init_cache(contexts, 20),
+              draft.init_cache(contexts, 20),
+              jax.random.key(0),
+              gamma=gamma,
+              max_decode_len=10,
+              config=sampling.SamplingConfig(temperature=1.0),
+          )
+      )()
+      calls[gamma] = _count_primitives(
+          jaxpr.jaxpr, ("random_bits", "random_fold_in", "random_split")
+      )
+    # Keys folded per iteration and per stream (4); the drafts' uniforms,
+    # the coins and the residual draw (3).
+    self.assertEqual(calls, {2: 7, 6: 7})
+
+
 class VerifierAndEarlyStopTest(parameterized.TestCase):
   """Both verifiers, with and without early stop, in the whole loop."""
 

@@ -192,8 +192,9 @@ def draw_uniforms(rng: jax.Array, batch_shape) -> jax.Array:
   One PRNG call for all of them: each call is a threefry hash (on CPU, a
   rolled loop of 5 iterations of a dozen small ops). When each draw split
   its own key for its two uniforms and each draft step folded its index into
-  a key, a speculative iteration at temperature 1 made 21 such calls; with
-  the draft's uniforms drawn at once it makes 8 (README, "Loop overhead").
+  a key, a speculative iteration at temperature 1 made 4 calls per draft and
+  6 more; with the draft's uniforms drawn at once it makes 7 whatever gamma
+  (`PrngCallsTest`; README, "Loop overhead").
 
   Args:
     rng: A PRNG key.

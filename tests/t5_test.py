@@ -396,6 +396,72 @@ class SharedEncoderTest(absltest.TestCase):
       _shared_config(shared_encoder_dim=0)
 
 
+def _reference_attention(query, key, value, bias, mask):
+  """t5x's order in float64: softmax over the keys, then the values."""
+  query, key, value, bias = (
+      np.asarray(x, np.float64) for x in (query, key, value, bias)
+  )
+  logits = np.einsum("bthd,bhds->bhts", query, key) + bias
+  logits = np.where(mask, logits, layers.MASK_VALUE)
+  weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+  weights /= weights.sum(axis=-1, keepdims=True)
+  return np.einsum("bhts,bhsd->bthd", weights, value)
+
+
+class DotProductAttentionTest(parameterized.TestCase):
+  """Normalized after the values' product, the softmax is still t5x's."""
+
+  def _inputs(self, dtype):
+    b, t, h, d, s = 2, 3, 4, 8, 11
+    keys = jax.random.split(jax.random.key(0), 4)
+    query = 2 * jax.random.normal(keys[0], (b, t, h, d))
+    key = jax.random.normal(keys[1], (b, h, d, s))
+    value = jax.random.normal(keys[2], (b, h, s, d))
+    bias = jax.random.normal(keys[3], (1, h, t, s))
+    # Row 0 sees 7 keys; row 1 sees every key.
+    mask = (jnp.arange(s) < jnp.array([7, s])[:, None])[:, None, None, :]
+    return tuple(x.astype(dtype) for x in (query, key, value, bias)) + (mask,)
+
+  def test_float32_matches_softmax_then_values(self):
+    inputs = self._inputs(jnp.float32)
+    out = layers.dot_product_attention(*inputs, dtype=jnp.float32)
+    np.testing.assert_allclose(
+        out, _reference_attention(*inputs), rtol=0, atol=2e-6
+    )
+
+  def test_masked_keys_have_no_weight(self):
+    query, key, value, bias, mask = self._inputs(jnp.float32)
+    far = jnp.where(mask[:, :, 0, :, None], value, 1e6)
+    np.testing.assert_array_equal(
+        layers.dot_product_attention(query, key, far, bias, mask, jnp.float32),
+        layers.dot_product_attention(
+            query, key, value, bias, mask, jnp.float32
+        ),
+    )
+
+  def test_bfloat16_is_no_less_accurate_than_t5x_order(self):
+    # t5x casts the normalized float32 weights to bfloat16 before the values'
+    # product; here the unnormalized ones are cast and each output is divided
+    # in float32. Both round the weights once and the output once.
+    query, key, value, bias, mask = self._inputs(jnp.bfloat16)
+    exact = _reference_attention(query, key, value, bias, mask)
+    logits = jnp.einsum(
+        "bthd,bhds->bhts", query, key, preferred_element_type=jnp.float32
+    )
+    logits = jnp.where(mask, logits + bias, layers.MASK_VALUE)
+    weights = jax.nn.softmax(logits, axis=-1).astype(jnp.bfloat16)
+    t5x = jnp.einsum("bhts,bhsd->bthd", weights, value)
+    out = layers.dot_product_attention(
+        query, key, value, bias, mask, jnp.bfloat16
+    )
+    self.assertEqual(out.dtype, jnp.bfloat16)
+    error = np.abs(np.asarray(out, np.float64) - exact).max()
+    t5x_error = np.abs(np.asarray(t5x, np.float64) - exact).max()
+    self.assertLessEqual(error, t5x_error)
+    # Within a few bfloat16 ulps of values of magnitude about 1.
+    self.assertLess(error, 2e-2)
+
+
 class RelativePositionBucketTest(absltest.TestCase):
 
   def test_matches_reference_formula(self):

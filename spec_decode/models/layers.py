@@ -270,8 +270,23 @@ def dot_product_attention(query, key, value, bias, mask, dtype):
   if bias is not None:
     logits = logits + bias
   logits = jnp.where(mask, logits, MASK_VALUE)
-  weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
-  return jnp.einsum("bhts,bhsd->bthd", weights, value)
+  # The softmax, normalized after its product with the values: the
+  # exponentials go to the dot unnormalized (in `dtype`), and each
+  # [B, T, H, D] output, accumulated in float32, is divided by its row's
+  # float32 sum. The [B, H, T, S] float32 logits are then read once fewer
+  # than by `jax.nn.softmax` before the dot (a TPU v5p compile of T5 1.1
+  # XXL's 8-token call at batch 32: 21.10 -> 20.28 GB off chip, README: What
+  # HBM must move).
+  unnormalized = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
+  # [B, H, T] -> [B, T, H, 1]
+  total = jnp.transpose(jnp.sum(unnormalized, axis=-1), (0, 2, 1))[..., None]
+  out = jnp.einsum(
+      "bhts,bhsd->bthd",
+      unnormalized.astype(dtype),
+      value,
+      preferred_element_type=jnp.float32,
+  )
+  return (out / total).astype(dtype)
 
 
 class MultiHeadAttention(nn.Module):

@@ -2,13 +2,16 @@ r"""Decodes a file of inputs with the target alone, and scores it with BLEU.
 
   python -m spec_decode.translate --gin_file=configs/demo.gin \
       --input=<English sentences, one a line, .gz allowed> --output=out.de \
-      [--reference=<German references>] [--batch_size=64]
+      [--reference=<German references>] [--batch_size=64] \
+      [--temperature=1 --seed=0]
 
-The target under the run's target/ scope decodes greedily (the baseline
-decoder) at the run's max_input_len and max_decode_len; each input gets the
-task's prefix ('translate English to German: '). With --reference it prints
-corpus BLEU (sacrebleu, 13a). It also writes the target outputs that
-configs/train/multi30k_draft_distill.gin distills a draft from.
+The target under the run's target/ scope decodes alone (the baseline
+decoder) at the run's max_input_len and max_decode_len, greedily or, with
+--temperature, sampling (--seed); each input gets the task's prefix
+('translate English to German: '). With --reference it prints corpus BLEU
+(sacrebleu, 13a). It also writes the target outputs that
+configs/train/multi30k_draft_distill.gin distills a draft from, and the
+samples that configs/train/multi30k_draft_shared2_sampled.gin does.
 """
 
 import pathlib
@@ -31,10 +34,22 @@ _INPUT = flags.DEFINE_string("input", None, "Source sentences.", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Where outputs go.")
 _REFERENCE = flags.DEFINE_string("reference", None, "References, for BLEU.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Rows per call.")
+_TEMPERATURE = flags.DEFINE_float(
+    "temperature", 0.0, "0 decodes greedily; above 0 samples at it."
+)
+_SEED = flags.DEFINE_integer("seed", 0, "The samples' random seed.")
 
 
-def translate(sources, vocabulary, batch_size, max_input_len, max_decode_len):
-  """Greedy target outputs for `sources` (longer inputs are truncated).
+def translate(
+    sources,
+    vocabulary,
+    batch_size,
+    max_input_len,
+    max_decode_len,
+    temperature=0.0,
+    seed=0,
+):
+  """The target's outputs for `sources` (longer inputs are truncated).
 
   Args:
     sources: N source sentences, without the task prefix.
@@ -42,6 +57,8 @@ def translate(sources, vocabulary, batch_size, max_input_len, max_decode_len):
     batch_size: rows per decoder call.
     max_input_len: the encoder's length.
     max_decode_len: most tokens per output.
+    temperature: 0 for greedy outputs, else the sampling temperature.
+    seed: the samples' seed; batch i samples with its i-th fold.
 
   Returns:
     N output strings.
@@ -56,15 +73,18 @@ def translate(sources, vocabulary, batch_size, max_input_len, max_decode_len):
   mesh = partitioning.make_mesh()
   target = pair.load_model("target", mesh)
   decoders = engine.Engine(mesh, target.model, target.params)
+  config = sampling.SamplingConfig(temperature=temperature)
   outputs = []
-  for batch, num_real in tqdm.tqdm(
-      list(inputs_lib.batches(tokens[order], batch_size)), unit="batch"
+  for index, (batch, num_real) in enumerate(
+      tqdm.tqdm(
+          list(inputs_lib.batches(tokens[order], batch_size)), unit="batch"
+      )
   ):
     result = decoders.baseline(
         decoders.place_inputs(batch),
-        jax.random.key(0),
+        jax.random.fold_in(jax.random.key(seed), index),
         max_decode_len=max_decode_len,
-        config=sampling.SamplingConfig(temperature=0.0),
+        config=config,
     )
     sequences, lengths = jax.device_get((result.sequences, result.lengths))
     for row in range(num_real):
@@ -92,6 +112,8 @@ def main(argv):
         _BATCH_SIZE.value,
         gin.query_parameter("run.max_input_len"),
         gin.query_parameter("run.max_decode_len"),
+        _TEMPERATURE.value,
+        _SEED.value,
     )
   if _OUTPUT.value:
     pathlib.Path(_OUTPUT.value).write_text("\n".join(outputs) + "\n")

@@ -286,6 +286,24 @@ class DistillLoopTest(absltest.TestCase):
         "spec_decode/demo/draft_shared_greedy_48m",
     )
 
+  def test_two_layer_shared_sampled_config_parses(self):
+    gin_config.parse(
+        ["train/multi30k_draft_shared2_sampled.gin"],
+        ["TARGET_OUTPUTS = 'samples.de'"],
+    )
+    for scope in ("", "source"):  # Fine-tuned at its own size.
+      with gin.config_scope(scope):
+        self.assertEqual(T5Config().shared_encoder_dim, 512)
+        self.assertEqual(T5Config().num_decoder_layers, 2)
+    with gin.config_scope("teacher"):
+      self.assertEqual(T5Config().num_decoder_layers, 6)
+    self.assertEqual(distillation.Distillation().cross_entropy_weight, 0.0)
+    self.assertEqual(distillation.Distillation().temperature, 1.0)
+    self.assertEqual(
+        gin.query_parameter("train.init_from"),
+        "spec_decode/demo/draft_shared2_greedy_48m",
+    )
+
 
 if __name__ == "__main__":
   absltest.main()

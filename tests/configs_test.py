@@ -61,6 +61,7 @@ class ConfigsTest(parameterized.TestCase):
       ("demo_distilled.gin",),
       ("demo_shared.gin",),
       ("demo_t5_draft.gin",),
+      ("demo_sampling.gin",),
       (
           "demo_shared.gin",
           "draft/checkpoint_path.path = "

@@ -72,33 +72,13 @@ def main(argv):
         gin.query_parameter("run.max_input_len"),
         True,
     ).tokens
-    references = None
-    if _REFERENCES.value:
-      texts = data.read_lines(_REFERENCES.value)
-      if len(texts) < len(tokens):
-        raise ValueError(
-            f"--references has {len(texts)} lines, fewer than the "
-            f"{len(tokens)} inputs"
-        )
-      references = teacher_forced.output_tokens(
-          texts[: len(tokens)], vocabulary, max_decode_len
-      )
-    model_free = None
-    kind = _bound("run.draft", "t5")
-    if kind == "lookup":
-      model_free = lookup.PromptLookup(pair.model_config("target").vocab_size)
-    elif kind in ("unigram", "bigram"):
-      model_free = compare.ngram_params(
-          kind,
-          _bound("run.ngram_corpus", None),
-          vocabulary,
-          pair.model_config("target").vocab_size,
-      )
-    elif kind != "t5":
-      raise ValueError(
-          f"run.draft={kind!r}: spec_decode.alpha scores a 't5', 'unigram', "
-          "'bigram' or 'lookup' draft"
-      )
+    references = _references(
+        data.read_lines(_REFERENCES.value) if _REFERENCES.value else None,
+        len(tokens),
+        vocabulary,
+        max_decode_len,
+    )
+    model_free = _model_free_draft(vocabulary)
     configs = [
         sampling.SamplingConfig(
             float(t),
@@ -124,6 +104,40 @@ def main(argv):
           for e in estimates
       ]
       f.write(json.dumps(records, indent=2) + "\n")
+
+
+def _references(texts, num_inputs, vocabulary, max_decode_len):
+  """--references' lines as output tokens for the inputs, or None."""
+  if texts is None:
+    return None
+  if len(texts) < num_inputs:
+    raise ValueError(
+        f"--references has {len(texts)} lines, fewer than the "
+        f"{num_inputs} inputs"
+    )
+  return teacher_forced.output_tokens(
+      texts[:num_inputs], vocabulary, max_decode_len
+  )
+
+
+def _model_free_draft(vocabulary):
+  """run.draft's lookup or n-gram draft; None for a T5 draft."""
+  kind = _bound("run.draft", "t5")
+  if kind == "lookup":
+    return lookup.PromptLookup(pair.model_config("target").vocab_size)
+  if kind in ("unigram", "bigram"):
+    return compare.ngram_params(
+        kind,
+        _bound("run.ngram_corpus", None),
+        vocabulary,
+        pair.model_config("target").vocab_size,
+    )
+  if kind != "t5":
+    raise ValueError(
+        f"run.draft={kind!r}: spec_decode.alpha scores a 't5', 'unigram', "
+        "'bigram' or 'lookup' draft"
+    )
+  return None
 
 
 def _bound(name, default):

@@ -9,6 +9,7 @@ once every live row has. The decision is a function of the row's own drafts,
 so a verifier that judges only the proposed prefix stays exact.
 """
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -49,6 +50,60 @@ class _DraftState:
   stopped: jax.Array
 
 
+def _first_logits(draft_fn, draft_cache, history, lengths):
+  """The first draft's logits [B, V] and the cache, from one 2-token call.
+
+  The call reads each row's last two tokens: after an iteration that accepted
+  every draft, the draft has read neither its last draft nor the target's
+  bonus token.
+  """
+  start = jnp.maximum(lengths - 1, 0)  # [B]
+  chunk = jnp.take_along_axis(
+      history, start[:, None] + jnp.arange(2)[None, :], axis=1
+  )  # [B, 2]
+  logits, draft_cache = draft_fn(chunk, draft_cache.replace(lengths=start))
+  # At len = 0 the chunk is [BOS, junk]: keep the logits after BOS, and the
+  # length, which drops the junk.
+  offset = (lengths - start)[:, None, None]  # [B, 1, 1]
+  logits = jnp.take_along_axis(logits, offset, axis=1)[:, 0]  # [B, V]
+  return logits, draft_cache.replace(lengths=lengths + 1)
+
+
+def _add(state, logits, *, uniforms, config, threshold):
+  """Draws draft number state.step from logits [B, V].
+
+  Args:
+    state: the _DraftState.
+    logits: [B, V] the draft's logits for it.
+    uniforms: float32 [B, gamma, 2] every draft's randomness.
+    config: the sampling.SamplingConfig.
+    threshold: the confidence threshold (0: none).
+
+  Returns:
+    The _DraftState with the draft added.
+  """
+  tokens, probs = sampling.choose(
+      jax.lax.dynamic_index_in_dim(
+          uniforms, state.step, axis=1, keepdims=False
+      ),
+      logits,
+      config,
+  )
+  stopped = state.stopped
+  if threshold > 0:
+    stopped |= _confidence(logits, tokens, probs) < threshold
+  put = lambda whole, part: jax.lax.dynamic_update_index_in_dim(
+      whole, part, state.step, axis=1
+  )
+  return state.replace(
+      step=state.step + 1,
+      tokens=put(state.tokens, tokens),
+      probs=None if probs is None else put(state.probs, probs),
+      num_drafted=jnp.where(state.stopped, state.num_drafted, state.step + 1),
+      stopped=stopped,
+  )
+
+
 def propose(
     draft_fn,
     draft_cache,
@@ -71,44 +126,15 @@ def propose(
     steps: int32 [] draft calls made.
     draft_cache: the cache.
   """
-  start = jnp.maximum(lengths - 1, 0)  # [B]
-  chunk = jnp.take_along_axis(
-      history, start[:, None] + jnp.arange(2)[None, :], axis=1
-  )  # [B, 2]
-  logits, draft_cache = draft_fn(chunk, draft_cache.replace(lengths=start))
-  # At len = 0 the chunk is [BOS, junk]: keep the logits after BOS, and the
-  # length, which drops the junk.
-  offset = (lengths - start)[:, None, None]  # [B, 1, 1]
-  logits = jnp.take_along_axis(logits, offset, axis=1)[:, 0]  # [B, V]
-  draft_cache = draft_cache.replace(lengths=lengths + 1)
-
+  logits, draft_cache = _first_logits(draft_fn, draft_cache, history, lengths)
   batch_size, vocab_size = logits.shape
-  # Every draft's randomness in one PRNG call: [B, gamma, 2].
-  uniforms = sampling.draw_uniforms(draft_rng, (batch_size, gamma))
-
-  def add(state, logits):
-    """Draws draft number state.step from logits [B, V]."""
-    tokens, probs = sampling.choose(
-        jax.lax.dynamic_index_in_dim(
-            uniforms, state.step, axis=1, keepdims=False
-        ),
-        logits,
-        config,
-    )
-    stopped = state.stopped
-    if threshold > 0:
-      stopped |= _confidence(logits, tokens, probs) < threshold
-    put = lambda whole, part: jax.lax.dynamic_update_index_in_dim(
-        whole, part, state.step, axis=1
-    )
-    return state.replace(
-        step=state.step + 1,
-        tokens=put(state.tokens, tokens),
-        probs=None if probs is None else put(state.probs, probs),
-        num_drafted=jnp.where(state.stopped, state.num_drafted, state.step + 1),
-        stopped=stopped,
-    )
-
+  add = functools.partial(
+      _add,
+      # Every draft's randomness in one PRNG call: [B, gamma, 2].
+      uniforms=sampling.draw_uniforms(draft_rng, (batch_size, gamma)),
+      config=config,
+      threshold=threshold,
+  )
   state = add(
       _DraftState(
           step=jnp.array(0, jnp.int32),

@@ -18,6 +18,7 @@ References:
   ICLR 2025. arXiv:2403.10444.
 """
 
+import functools
 from typing import Any
 
 import jax
@@ -176,6 +177,74 @@ def _verify(
   )
 
 
+def _iteration(
+    state: state_lib.SpeculativeLoopState,
+    *,
+    target_fn,
+    draft_fn,
+    decode_rng,
+    gamma,
+    max_decode_len,
+    eos_id,
+    config,
+    verifier,
+    draft_threshold,
+) -> state_lib.SpeculativeLoopState:
+  """One iteration of the loop: draft, score, verify, commit."""
+  lengths = state.lengths
+  iteration_rng = jax.random.fold_in(decode_rng, state.cur_index)
+  draft_tokens, draft_probs, num_drafted, draft_steps, draft_cache = (
+      draft_loop.propose(
+          draft_fn,
+          state.draft_cache,
+          state.history,
+          lengths,
+          state.done,
+          jax.random.fold_in(iteration_rng, _DRAFT_STREAM),
+          gamma=gamma,
+          config=config,
+          threshold=draft_threshold,
+      )
+  )
+  last_tokens = jnp.take_along_axis(state.history, lengths[:, None], axis=1)
+  target_logits, target_cache = target_fn(
+      jnp.concatenate([last_tokens, draft_tokens], axis=1),  # [B, gamma + 1]
+      state.target_cache,
+  )
+  num_accepted, next_tokens, beta = _verify(
+      iteration_rng,
+      target_logits,
+      draft_tokens,
+      draft_probs,
+      num_drafted if draft_threshold > 0 else None,
+      config=config,
+      verifier=verifier,
+  )
+
+  return state_lib.advance(
+      state,
+      draft_tokens,
+      state_lib.commit(
+          draft_tokens,
+          num_accepted,
+          next_tokens,
+          num_drafted,
+          lengths,
+          state.done,
+          eos_id=eos_id,
+          max_decode_len=max_decode_len,
+      ),
+      num_accepted=num_accepted,
+      num_drafted=num_drafted,
+      beta=beta,
+      draft_steps=draft_steps,
+      target_cache=target_cache,
+      draft_cache=draft_cache,
+      nonfinite=sampling.nonfinite_rows(target_logits),
+      max_decode_len=max_decode_len,
+  )
+
+
 @jax.jit(
     static_argnames=(
         "gamma",
@@ -203,68 +272,20 @@ def _speculative_decode(
     return_caches,
 ):
   """`speculative_decode` after argument checks."""
-
-  def cond_fn(state: state_lib.SpeculativeLoopState) -> jax.Array:
-    return jnp.any(~state.done)
-
-  def body_fn(
-      state: state_lib.SpeculativeLoopState,
-  ) -> state_lib.SpeculativeLoopState:
-    lengths = state.lengths
-    iteration_rng = jax.random.fold_in(decode_rng, state.cur_index)
-    draft_tokens, draft_probs, num_drafted, draft_steps, draft_cache = (
-        draft_loop.propose(
-            draft_fn,
-            state.draft_cache,
-            state.history,
-            lengths,
-            state.done,
-            jax.random.fold_in(iteration_rng, _DRAFT_STREAM),
-            gamma=gamma,
-            config=config,
-            threshold=draft_threshold,
-        )
-    )
-    last_tokens = jnp.take_along_axis(state.history, lengths[:, None], axis=1)
-    target_logits, target_cache = target_fn(
-        jnp.concatenate([last_tokens, draft_tokens], axis=1),  # [B, gamma + 1]
-        state.target_cache,
-    )
-    num_accepted, next_tokens, beta = _verify(
-        iteration_rng,
-        target_logits,
-        draft_tokens,
-        draft_probs,
-        num_drafted if draft_threshold > 0 else None,
-        config=config,
-        verifier=verifier,
-    )
-
-    return state_lib.advance(
-        state,
-        draft_tokens,
-        state_lib.commit(
-            draft_tokens,
-            num_accepted,
-            next_tokens,
-            num_drafted,
-            lengths,
-            state.done,
-            eos_id=eos_id,
-            max_decode_len=max_decode_len,
-        ),
-        num_accepted=num_accepted,
-        num_drafted=num_drafted,
-        beta=beta,
-        draft_steps=draft_steps,
-        target_cache=target_cache,
-        draft_cache=draft_cache,
-        nonfinite=sampling.nonfinite_rows(target_logits),
-        max_decode_len=max_decode_len,
-    )
-
+  body_fn = functools.partial(
+      _iteration,
+      target_fn=target_fn,
+      draft_fn=draft_fn,
+      decode_rng=decode_rng,
+      gamma=gamma,
+      max_decode_len=max_decode_len,
+      eos_id=eos_id,
+      config=config,
+      verifier=verifier,
+      draft_threshold=draft_threshold,
+  )
   state = key_buckets.while_loop(
-      cond_fn,
+      lambda state: jnp.any(~state.done),
       body_fn,
       state_lib.initial_state(
           target_cache, draft_cache, history_len=max_decode_len + gamma + 2

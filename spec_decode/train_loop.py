@@ -110,6 +110,87 @@ def _step_functions(model, optimizer, seed, z_loss, distill):
   )
 
 
+def _restore_or_init_state(
+    manager, model_config, optimizer, seed, init_from, init_from_config
+):
+  """The latest checkpoint's TrainState in `manager`, else a fresh one.
+
+  A fresh state is seeded by `seed`; it starts from `init_from` grown into
+  `model_config` when given, else from random weights.
+  """
+  rng = jax.random.key(seed)
+  params = None
+  if init_from and manager.latest_step() is None:
+    params = growth.grown_params(init_from, init_from_config, model_config, rng)
+  return train_checkpoints.restore_latest(
+      manager, training.init_state(model_config, optimizer, rng, params)
+  )
+
+
+def _train_batches(task, batch_size, feature_lengths, length_buckets, seed):
+  """An endless iterator of shuffled 'train' batches of `training.FEATURES`."""
+  batches = batching.batches(
+      task,
+      "train",
+      batch_size,
+      feature_lengths=feature_lengths,
+      shuffle=True,
+      seed=seed,
+      num_epochs=None,
+      drop_remainder=True,
+      length_buckets=length_buckets,
+  )
+  return (
+      {k: v for k, v in batch.items() if k in training.FEATURES}
+      for batch in batches
+  )
+
+
+def _log_train_metrics(metrics_file, step, pending, since, bar):
+  """Appends the means of the `pending` step metrics and advances `bar`.
+
+  Returns:
+    The time now, from which the next record's seconds_per_step counts.
+  """
+  means = _means(pending)
+  now = time.perf_counter()
+  means["seconds_per_step"] = (now - since) / len(pending)
+  _append_metrics(metrics_file, {"step": step, **means})
+  bar.set_postfix(loss=f"{means['loss']:.3f}")
+  bar.update(len(pending))
+  return now
+
+
+def _evaluate_at(
+    step,
+    eval_fn,
+    params,
+    task,
+    split,
+    batch_size,
+    feature_lengths,
+    metrics_file,
+    bar,
+):
+  """Evaluates `params` on `task`'s `split` and logs it as eval_* at `step`."""
+  result = evaluate(
+      eval_fn,
+      params,
+      batching.batches(
+          task, split, batch_size, feature_lengths=feature_lengths
+      ),
+      batch_size,
+  )
+  _append_metrics(
+      metrics_file,
+      {"step": step, **{f"eval_{k}": v for k, v in result.items()}},
+  )
+  bar.write(
+      f"step {step}: eval loss {result['loss']:.4f}, "
+      f"accuracy {result['accuracy']:.4f}"
+  )
+
+
 @gin.configurable(denylist=["model_config"])
 def train(
     model_config,
@@ -175,27 +256,15 @@ def train(
   model = t5.Transformer(model_config)
   os.makedirs(model_dir, exist_ok=True)
   manager = train_checkpoints.manager(model_dir, keep_checkpoints)
-  rng = jax.random.key(seed)
-  params = None
-  if init_from and manager.latest_step() is None:
-    params = growth.grown_params(init_from, init_from_config, model_config, rng)
-  state = train_checkpoints.restore_latest(
-      manager, training.init_state(model_config, optimizer, rng, params)
+  state = _restore_or_init_state(
+      manager, model_config, optimizer, seed, init_from, init_from_config
   )
   start_step = int(state.step)
   step_fn, eval_fn = _step_functions(model, optimizer, seed, z_loss, distill)
   # A resumed run reshuffles with a seed of its own, rather than replaying
   # the batches already seen.
-  train_batches = batching.batches(
-      task,
-      "train",
-      batch_size,
-      feature_lengths=feature_lengths,
-      shuffle=True,
-      seed=seed + start_step,
-      num_epochs=None,
-      drop_remainder=True,
-      length_buckets=length_buckets,
+  train_batches = _train_batches(
+      task, batch_size, feature_lengths, length_buckets, seed + start_step
   )
   metrics_file = os.path.join(model_dir, "metrics.jsonl")
   with open(os.path.join(model_dir, "config.gin"), "w") as f:
@@ -205,38 +274,24 @@ def train(
       total=num_steps, initial=start_step, desc="train", dynamic_ncols=True
   ) as bar:
     for step in range(start_step + 1, num_steps + 1):
-      batch = {
-          k: v for k, v in next(train_batches).items() if k in training.FEATURES
-      }
-      state, metrics = step_fn(state, batch)
+      state, metrics = step_fn(state, next(train_batches))
       pending.append(metrics)
       if step % log_every == 0 or step == num_steps:
-        means = _means(pending)
-        now = time.perf_counter()
-        means["seconds_per_step"] = (now - last_time) / len(pending)
-        _append_metrics(metrics_file, {"step": step, **means})
-        bar.set_postfix(loss=f"{means['loss']:.3f}")
-        bar.update(len(pending))
-        pending, last_time = [], now
+        last_time = _log_train_metrics(
+            metrics_file, step, pending, last_time, bar
+        )
+        pending = []
       if eval_split and (step % eval_every == 0 or step == num_steps):
-        result = evaluate(
+        _evaluate_at(
+            step,
             eval_fn,
             state.params,
-            batching.batches(
-                eval_task or task,
-                eval_split,
-                batch_size,
-                feature_lengths=feature_lengths,
-            ),
-            batch_size,
-        )
-        _append_metrics(
-            metrics_file,
-            {"step": step, **{f"eval_{k}": v for k, v in result.items()}},
-        )
-        bar.write(
-            f"step {step}: eval loss {result['loss']:.4f}, "
-            f"accuracy {result['accuracy']:.4f}"
+            task=eval_task or task,
+            split=eval_split,
+            batch_size=batch_size,
+            feature_lengths=feature_lengths,
+            metrics_file=metrics_file,
+            bar=bar,
         )
       if step % checkpoint_every == 0 or step == num_steps:
         train_checkpoints.save(manager, state)

@@ -151,12 +151,7 @@ def _main(argv):
   from spec_decode import vocabulary  # Imports TensorFlow, after cli.start.
 
   table = _all_drafts()
-  # --t5_drafts adds to --drafts (or to all of DRAFTS), never drops out.
-  extra = [name for name in table if name not in DRAFTS]
-  names = list(dict.fromkeys((_DRAFTS.value or list(DRAFTS)) + extra))
-  unknown = sorted(set(names) - set(table))
-  if unknown:
-    raise ValueError(f"--drafts: no draft named {', '.join(unknown)}")
+  names = _names(table)
   mesh = partitioning.make_mesh()
   vocab = vocabulary.bound_for_run()
   max_decode_len = gin_config.gin.query_parameter("run.max_decode_len")
@@ -168,46 +163,90 @@ def _main(argv):
       mesh,
   )
   decoders = engine.Engine(mesh, target.model, target.params)
-  results = {}
-  for dataset, bindings in DATASETS.items():
-    _parse(bindings + [f"read_inputs.num_examples = {_NUM_EXAMPLES.value}"])
-    encoded = inputs_lib.encode(
-        inputs_lib.read_inputs(),
-        vocab,
-        gin_config.gin.query_parameter("run.max_input_len"),
-        True,
-    )
-    results[dataset] = {"num_truncated": encoded.num_truncated}
-    for temperature in TEMPERATURES:
-      _, betas, lengths = teacher_forced.betas_of(
-          decoders,
-          scorer,
-          encoded.tokens,
-          sampling.SamplingConfig(temperature),
-          _BATCH_SIZE.value,
-          max_decode_len,
+  results = {
+      dataset: _dataset_alphas(
+          bindings, decoders, scorer, vocab, max_decode_len
       )
-      results[dataset][str(temperature)] = {
-          name: vars(teacher_forced.estimate(b, lengths, temperature))
-          for name, b in betas.items()
-      }
-      results[dataset][str(temperature)]["mean_output_len"] = float(
-          np.mean(lengths)
-      )
+      for dataset, bindings in DATASETS.items()
+  }
   markdown = _markdown(results, names)
   print(markdown)
   if _OUTPUT.value:
-    record = {
-        "gin_files": cli.GIN_FILES.value,
-        "gin_bindings": cli.GIN_BINDINGS.value,
-        "num_examples": _NUM_EXAMPLES.value,
-        "device": str(jax.devices()[0].device_kind),
-        "drafts": {n: table[n] for n in names},
-        "results": results,
-        "markdown": markdown,
+    _write(results, {n: table[n] for n in names}, markdown)
+
+
+def _names(table):
+  """The drafts to score: --drafts (or all of DRAFTS), then --t5_drafts'.
+
+  Args:
+    table: `_all_drafts`, name: (kind, size file, checkpoint or corpus).
+
+  Returns:
+    The names, each once, in that order.
+
+  Raises:
+    ValueError: a name of --drafts is in neither DRAFTS nor --t5_drafts.
+  """
+  extra = [name for name in table if name not in DRAFTS]
+  names = list(dict.fromkeys((_DRAFTS.value or list(DRAFTS)) + extra))
+  unknown = sorted(set(names) - set(table))
+  if unknown:
+    raise ValueError(f"--drafts: no draft named {', '.join(unknown)}")
+  return names
+
+
+def _dataset_alphas(bindings, decoders, scorer, vocab, max_decode_len):
+  """Every draft's alpha on a dataset, at each of TEMPERATURES.
+
+  Args:
+    bindings: the gin bindings that select the dataset's inputs (DATASETS).
+    decoders: the target's `engine.Engine`, which samples the outputs.
+    scorer: the `teacher_forced.Scorer` of the target and every draft.
+    vocab: the run's vocabulary.
+    max_decode_len: tokens sampled per row.
+
+  Returns:
+    {"num_truncated": inputs cut to run.max_input_len, str(temperature):
+    {draft name: `teacher_forced.estimate`'s fields, "mean_output_len": ...}}.
+  """
+  _parse(bindings + [f"read_inputs.num_examples = {_NUM_EXAMPLES.value}"])
+  encoded = inputs_lib.encode(
+      inputs_lib.read_inputs(),
+      vocab,
+      gin_config.gin.query_parameter("run.max_input_len"),
+      True,
+  )
+  results = {"num_truncated": encoded.num_truncated}
+  for temperature in TEMPERATURES:
+    _, betas, lengths = teacher_forced.betas_of(
+        decoders,
+        scorer,
+        encoded.tokens,
+        sampling.SamplingConfig(temperature),
+        _BATCH_SIZE.value,
+        max_decode_len,
+    )
+    results[str(temperature)] = {
+        name: vars(teacher_forced.estimate(b, lengths, temperature))
+        for name, b in betas.items()
     }
-    with open(_OUTPUT.value, "w") as f:
-      f.write(json.dumps(record, indent=2) + "\n")
+    results[str(temperature)]["mean_output_len"] = float(np.mean(lengths))
+  return results
+
+
+def _write(results, drafts, markdown):
+  """Writes --output: the run's flags, device, drafts, results and table."""
+  record = {
+      "gin_files": cli.GIN_FILES.value,
+      "gin_bindings": cli.GIN_BINDINGS.value,
+      "num_examples": _NUM_EXAMPLES.value,
+      "device": str(jax.devices()[0].device_kind),
+      "drafts": drafts,
+      "results": results,
+      "markdown": markdown,
+  }
+  with open(_OUTPUT.value, "w") as f:
+    f.write(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

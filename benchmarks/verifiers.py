@@ -78,70 +78,81 @@ def _variants(auto_gamma):
   return variants
 
 
-def _setting(decoders, tokens, temperature, batch_size):
-  """Decodes every batch with the baseline and every variant."""
-  config = sampling.SamplingConfig(temperature=temperature)
-  batches = [
+def _placed_batches(decoders, tokens, batch_size):
+  """[(placed int32 [batch_size, S] inputs, real rows)] of `tokens`' batches."""
+  return [
       (decoders.place_inputs(inputs_lib.trim(batch)), num_real)
       for batch, num_real in inputs_lib.batches(tokens, batch_size)
   ]
-  max_decode_len = _MAX_DECODE_LEN.value
-  auto = calibration.calibrate(
+
+
+def _calibrate(decoders, batches, config):
+  """'auto's `calibration.Calibration` on the first batches, up to gamma_max."""
+  return calibration.calibrate(
       decoders,
       [placed for placed, _ in batches[: _CALIBRATION_BATCHES.value]],
       max_gamma=_GAMMA_MAX.value,
-      max_decode_len=max_decode_len,
+      max_decode_len=_MAX_DECODE_LEN.value,
       config=config,
       verifier="block",
       rng=jax.random.key(_SEED.value),
   )
-  variants = _variants(auto.gamma)
-  totals = {
-      name: dict(tokens=0, target_calls=0, draft_calls=0, seconds=0.0, diff=0)
-      for name in ["baseline"] + [v[0] for v in variants]
-  }
-  seen_shapes = set()
-  for index, (placed, num_real) in enumerate(batches):
-    rng = jax.random.fold_in(jax.random.key(_SEED.value), index)
-    warm_up = placed.shape not in seen_shapes
-    seen_shapes.add(placed.shape)
-    base, seconds = timing.timed(
-        lambda: decoders.baseline(
-            placed, rng, max_decode_len=max_decode_len, config=config
+
+
+def _add_batch(totals, decoders, batch, index, config, variants, warm_up):
+  """Times the baseline then each variant on a batch, adding to `totals`.
+
+  Args:
+    totals: {name: sums of tokens, calls, seconds and differing rows} of the
+      baseline ("baseline") and every variant, added to in place.
+    decoders: the `engine.Engine`.
+    batch: (placed int32 [batch_size, S] inputs, real rows).
+    index: the batch's index: its key is fold_in(seed, index).
+    config: the `sampling.SamplingConfig`.
+    variants: `_variants`.
+    warm_up: whether to compile (a first run, untimed) before the timed runs.
+  """
+  placed, num_real = batch
+  rng = jax.random.fold_in(jax.random.key(_SEED.value), index)
+  max_decode_len = _MAX_DECODE_LEN.value
+  base, seconds = timing.timed(
+      lambda: decoders.baseline(
+          placed, rng, max_decode_len=max_decode_len, config=config
+      ),
+      _REPEATS.value,
+      warm_up=warm_up,
+  )
+  base = jax.device_get(base)
+  totals["baseline"]["tokens"] += int(base.lengths[:num_real].sum())
+  totals["baseline"]["seconds"] += seconds
+  for name, gamma, verifier, threshold in variants:
+    result, seconds = timing.timed(
+        lambda: decoders.speculative(
+            placed,
+            rng,
+            gamma=gamma,  # pylint: disable=cell-var-from-loop
+            max_decode_len=max_decode_len,
+            config=config,
+            verifier=verifier,  # pylint: disable=cell-var-from-loop
+            draft_threshold=threshold,  # pylint: disable=cell-var-from-loop
         ),
         _REPEATS.value,
         warm_up=warm_up,
     )
-    base = jax.device_get(base)
-    totals["baseline"]["tokens"] += int(base.lengths[:num_real].sum())
-    totals["baseline"]["seconds"] += seconds
-    for name, gamma, verifier, threshold in variants:
-      result, seconds = timing.timed(
-          lambda: decoders.speculative(
-              placed,
-              rng,
-              gamma=gamma,  # pylint: disable=cell-var-from-loop
-              max_decode_len=max_decode_len,
-              config=config,
-              verifier=verifier,  # pylint: disable=cell-var-from-loop
-              draft_threshold=threshold,  # pylint: disable=cell-var-from-loop
-          ),
-          _REPEATS.value,
-          warm_up=warm_up,
-      )
-      result = jax.device_get(result)
-      real = slice(0, num_real)
-      total = totals[name]
-      total["tokens"] += int(result.lengths[real].sum())
-      total["target_calls"] += int(result.target_calls[real].sum())
-      total["draft_calls"] += int(result.draft_calls[real].sum())
-      total["seconds"] += seconds
-      total["diff"] += int(
-          np.sum(np.any(result.sequences[real] != base.sequences[real], 1))
-      )
-  baseline_ms = (
-      1e3 * totals["baseline"]["seconds"] / totals["baseline"]["tokens"]
-  )
+    result = jax.device_get(result)
+    real = slice(0, num_real)
+    total = totals[name]
+    total["tokens"] += int(result.lengths[real].sum())
+    total["target_calls"] += int(result.target_calls[real].sum())
+    total["draft_calls"] += int(result.draft_calls[real].sum())
+    total["seconds"] += seconds
+    total["diff"] += int(
+        np.sum(np.any(result.sequences[real] != base.sequences[real], 1))
+    )
+
+
+def _rows(totals, variants, baseline_ms, greedy):
+  """The table's row (a dict) of each variant, from its `totals`."""
   rows = []
   for name, gamma, verifier, threshold in variants:
     total = totals[name]
@@ -158,16 +169,43 @@ def _setting(decoders, tokens, temperature, batch_size):
             ),
             ms_per_token=ms,
             speedup=baseline_ms / ms,
-            greedy_rows_differing=total["diff"] if config.greedy else None,
+            greedy_rows_differing=total["diff"] if greedy else None,
         )
     )
+  return rows
+
+
+def _setting(decoders, tokens, temperature, batch_size):
+  """Decodes every batch with the baseline and every variant.
+
+  Returns:
+    The setting's JSON record: its seed, temperature and batch size, the
+    baseline's ms per token, 'auto's calibration and `_rows`.
+  """
+  config = sampling.SamplingConfig(temperature=temperature)
+  batches = _placed_batches(decoders, tokens, batch_size)
+  auto = _calibrate(decoders, batches, config)
+  variants = _variants(auto.gamma)
+  totals = {
+      name: dict(tokens=0, target_calls=0, draft_calls=0, seconds=0.0, diff=0)
+      for name in ["baseline"] + [v[0] for v in variants]
+  }
+  seen_shapes = set()
+  for index, batch in enumerate(batches):
+    placed, _ = batch
+    warm_up = placed.shape not in seen_shapes
+    seen_shapes.add(placed.shape)
+    _add_batch(totals, decoders, batch, index, config, variants, warm_up)
+  baseline_ms = (
+      1e3 * totals["baseline"]["seconds"] / totals["baseline"]["tokens"]
+  )
   return dict(
       seed=_SEED.value,
       temperature=temperature,
       batch_size=batch_size,
       baseline_ms_per_token=baseline_ms,
       calibration=auto.to_json(),
-      rows=rows,
+      rows=_rows(totals, variants, baseline_ms, config.greedy),
   )
 
 

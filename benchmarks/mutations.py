@@ -87,7 +87,7 @@ MUTATIONS = (
         "spec_decode/verify.py",
         r"(jnp\.pad\(\s*draft_probs,\s*\(\(0, 0\), \(0, 1\), \(0, 0\)\))",
         r'\1, mode="edge"',
-        "tests/speculative_test.py",
+        "tests/verify_test.py",
         "BlockLaw",
     ),
     Mutation(
@@ -106,16 +106,16 @@ MUTATIONS = (
         r"relative = key_positions\[None, None, :\] - "
         r"query_positions\[:, :, None\]",
         "relative = query_positions[:, :, None] - key_positions[None, None, :]",
-        "tests/t5_test.py",
-        "TorchReference",
+        "tests/layers_test.py",
+        "RelativePositionBias",
     ),
     Mutation(
         "draft_catch_up_not_advanced",
         "draft cache left at len - 1 after the 2-token catch-up",
         "spec_decode/draft_loop.py",
-        r"draft_cache = draft_cache\.replace\(lengths=lengths \+ 1\)",
-        "draft_cache = draft_cache.replace(lengths=start)",
-        "tests/speculative_test.py",
+        r"draft_cache\.replace\(lengths=lengths \+ 1\)",
+        "draft_cache.replace(lengths=start)",
+        "tests/draft_loop_test.py",
         "DraftCatchUp",
     ),
     Mutation(
@@ -143,8 +143,8 @@ MUTATIONS = (
         "spec_decode/verify.py",
         r"residual = jnp\.maximum\(target_probs - draft_probs, 0\.0\)",
         "residual = target_probs + 0.0 * draft_probs",
-        "tests/speculative_test.py",
-        "KernelTest or BlockLaw",
+        "tests/verify_test.py",
+        "TokenKernel or BlockLaw",
     ),
     Mutation(
         "accepted_not_a_prefix",
@@ -152,7 +152,7 @@ MUTATIONS = (
         "spec_decode/verify.py",
         r"jnp\.sum\(jnp\.cumprod\(accepted, axis=-1\), axis=-1\)",
         "jnp.sum(accepted, axis=-1)",
-        "tests/speculative_test.py",
+        "tests/verify_test.py",
         "BlockLaw",
     ),
     Mutation(
@@ -170,8 +170,8 @@ MUTATIONS = (
         "spec_decode/models/layers.py",
         r"variance = jnp\.mean\(jnp\.square\(x\), axis=-1, keepdims=True\)",
         "variance = jnp.var(x, axis=-1, keepdims=True)",
-        "tests/t5_test.py",
-        "TorchReference",
+        "tests/layers_test.py",
+        "RmsNorm",
     ),
     Mutation(
         "ngram_smoothed",

@@ -87,7 +87,7 @@ MUTATIONS = (
         "spec_decode/verify.py",
         r"(jnp\.pad\(\s*draft_probs,\s*\(\(0, 0\), \(0, 1\), \(0, 0\)\))",
         r'\1, mode="edge"',
-        "tests/verify_test.py",
+        "tests/token_kernel_test.py",
         "BlockLaw",
     ),
     Mutation(
@@ -143,7 +143,7 @@ MUTATIONS = (
         "spec_decode/verify.py",
         r"residual = jnp\.maximum\(target_probs - draft_probs, 0\.0\)",
         "residual = target_probs + 0.0 * draft_probs",
-        "tests/verify_test.py",
+        "tests/token_kernel_test.py",
         "TokenKernel or BlockLaw",
     ),
     Mutation(
@@ -152,7 +152,7 @@ MUTATIONS = (
         "spec_decode/verify.py",
         r"jnp\.sum\(jnp\.cumprod\(accepted, axis=-1\), axis=-1\)",
         "jnp.sum(accepted, axis=-1)",
-        "tests/verify_test.py",
+        "tests/token_kernel_test.py",
         "BlockLaw",
     ),
     Mutation(
@@ -188,7 +188,7 @@ MUTATIONS = (
         "spec_decode/verify.py",
         r"residual_mass / jnp\.where\(denominator > 0, denominator, 1\.0\)",
         "weights + 0.0 * residual_mass",
-        "tests/verify_test.py",
+        "tests/block_kernel_test.py",
         "law_of_the_emitted_tokens",
     ),
 )

@@ -1,8 +1,11 @@
-"""No silent garbage, no lost work: non-finite logits, corrupt checkpoints,
-one-line errors, and what a run writes (issue 14)."""
+"""No silent garbage, no lost work, for a whole run (issue 14): compare.run
+and the CLIs on a tiny pair stop on non-finite target logits, keep the rows
+they decoded, replace results atomically, and fail with one-line errors.
 
-import dataclasses
-import io
+The other tests of issue 14 are in logits_test.py (non-finite logits in the
+decoding loops), checkpoint_integrity_test.py and offline_test.py.
+"""
+
 import json
 import os
 import pathlib
@@ -19,288 +22,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sentencepiece as spm
-import seqio
 
-import fake_models
 import run_test
-from spec_decode import checkpoints
-from spec_decode import cli
+import tiny_pair
 from spec_decode import compare
-from spec_decode import data
-from spec_decode import decoding
 from spec_decode import gin_config
 from spec_decode import inputs as inputs_lib
 from spec_decode import optimizers
-from spec_decode import partitioning
 from spec_decode import run_outputs
-from spec_decode import sampling
-from spec_decode import speculative
-from spec_decode import train_checkpoints
 from spec_decode import vocabulary  # pylint: disable=unused-import  (gin)
 from spec_decode.models import t5
 
-_VOCAB = 128
+_VOCAB = tiny_pair.VOCAB
 _GAMMA = 3
-# The tiny pair of run_test's gin files.
 _save_t5x = run_test._save_t5x_checkpoint  # pylint: disable=protected-access
-_TARGET = t5.T5Config(
-    vocab_size=_VOCAB,
-    emb_dim=32,
-    num_heads=2,
-    head_dim=8,
-    mlp_dim=64,
-    num_encoder_layers=2,
-    num_decoder_layers=2,
-)
-_DRAFT = fake_models.tiny_t5(_VOCAB)
-
-
-class _Poisoned:
-  """A fake model whose logits are NaN (or +inf) on the rows marked."""
-
-  def __init__(self, model, rows, value):
-    self.model, self.rows, self.value = model, rows, value
-
-  def __call__(self, tokens, cache):
-    logits, cache = self.model(tokens, cache)
-    return jnp.where(self.rows[:, None, None], self.value, logits), cache
-
-
-jax.tree_util.register_pytree_node(
-    _Poisoned,
-    lambda p: ((p.model, p.rows, p.value), None),
-    lambda _, children: _Poisoned(*children),
-)
-
-
-class NonfiniteLogitsTest(parameterized.TestCase):
-  """Rows whose target logits go NaN or inf are flagged; ids stay in range."""
-
-  @parameterized.product(
-      temperature=(0.0, 1.0), value=(float("nan"), float("inf"))
-  )
-  def test_loops_flag_the_rows_and_stay_in_the_vocabulary(
-      self, temperature, value
-  ):
-    vocab_size, batch_size = 11, 4
-    model = fake_models.random_model(0, vocab_size)
-    rows = jnp.array([False, True, False, True])
-    target = _Poisoned(model, rows, jnp.float32(value))
-    draft = fake_models.perturbed(model, 1, 0.5)
-    contexts = fake_models.context_ids(batch_size)
-    config = sampling.SamplingConfig(temperature)
-    base = decoding.autoregressive_decode(
-        target,
-        model.init_cache(contexts, 20),
-        jax.random.key(0),
-        max_decode_len=12,
-        config=config,
-    )
-    spec = speculative.speculative_decode(
-        target,
-        draft,
-        model.init_cache(contexts, 20),
-        model.init_cache(contexts, 20),
-        jax.random.key(0),
-        gamma=3,
-        max_decode_len=12,
-        config=config,
-    )
-    for result in (base, spec):
-      np.testing.assert_array_equal(result.nonfinite, rows)
-      self.assertTrue(np.all(np.asarray(result.sequences) < vocab_size))
-      self.assertTrue(np.all(np.asarray(result.sequences) >= 0))
-
-  def test_a_nan_draft_is_not_counted_and_changes_nothing(self):
-    model = fake_models.random_model(0, 11)
-    contexts = fake_models.context_ids(3)
-    draft = _Poisoned(model, jnp.ones((3,), bool), jnp.float32(jnp.nan))
-    args = dict(max_decode_len=12, config=sampling.SamplingConfig(0.0))
-    base = decoding.autoregressive_decode(
-        model, model.init_cache(contexts, 20), jax.random.key(0), **args
-    )
-    spec = speculative.speculative_decode(
-        model,
-        draft,
-        model.init_cache(contexts, 20),
-        model.init_cache(contexts, 20),
-        jax.random.key(0),
-        gamma=2,
-        **args,
-    )
-    np.testing.assert_array_equal(spec.sequences, base.sequences)
-    self.assertFalse(np.any(spec.nonfinite))
-
-
-class LogitsDtypeTest(absltest.TestCase):
-  """T5Config.logits_dtype, the knob of the README's bfloat16 measurement."""
-
-  def test_float32_logits_by_default_bfloat16_on_request(self):
-    params = t5.init_params(_DRAFT, jax.random.key(0))
-    tokens = jnp.array([[3, 4, 1]])
-    for dtype in ("float32", "bfloat16"):
-      config = dataclasses.replace(_DRAFT, dtype="bfloat16", logits_dtype=dtype)
-      logits = t5.Transformer(config).apply({"params": params}, tokens, tokens)
-      self.assertEqual(logits.dtype, jnp.dtype(dtype))
-    with self.assertRaisesRegex(ValueError, "T5Config.logits_dtype must be"):
-      dataclasses.replace(_DRAFT, logits_dtype="float16")
-
-
-class CheckpointIntegrityTest(absltest.TestCase):
-  """Checksums of exports, and NaN / inf in any format, refuse to load."""
-
-  def setUp(self):
-    super().setUp()
-    self.tmp = pathlib.Path(tempfile.mkdtemp())
-    self.params = t5.init_params(_DRAFT, jax.random.key(0))
-    self.shapes = t5.param_shapes(_DRAFT)
-
-  def _export(self, params=None):
-    directory = self.tmp / "export"
-    train_checkpoints.export_params(
-        self.params if params is None else params, directory, jnp.bfloat16
-    )
-    return directory
-
-  def test_export_records_checksums_and_loads(self):
-    directory = self._export()
-    sums = json.loads((directory / "checksums.json").read_text())
-    flat = traverse_util.flatten_dict(self.params, sep="/")
-    self.assertEqual(set(sums), set(flat))
-    loaded = checkpoints.load_params(str(directory), self.shapes, jnp.float32)
-    name = "decoder/logits_dense/kernel"
-    np.testing.assert_array_equal(
-        traverse_util.flatten_dict(loaded, sep="/")[name],
-        np.asarray(flat[name].astype(jnp.bfloat16), np.float32),
-    )
-
-  def test_changed_array_fails_its_checksum(self):
-    directory = self._export()
-    sums_file = directory / "checksums.json"
-    sums = json.loads(sums_file.read_text())
-    # As if the stored bytes had changed: the record no longer matches them.
-    sums["encoder/layers_0/mlp/wo/kernel"]["sha256"] = "0" * 64
-    sums_file.write_text(json.dumps(sums))
-    mesh = partitioning.make_mesh(num_devices=2)
-    for shardings in (
-        None,  # Read whole.
-        partitioning.shardings(
-            self.shapes, t5.param_logical_axes(_DRAFT), mesh
-        ),  # Read shard by shard, as runs do.
-    ):
-      with self.assertRaisesRegex(
-          checkpoints.CheckpointError,
-          r"^.*/export: parameter encoder/layers_0/mlp/wo/kernel does not "
-          r"match its checksum in checksums.json",
-      ):
-        checkpoints.load_params(
-            str(directory), self.shapes, jnp.float32, shardings
-        )
-
-  def test_random_bytes_over_a_data_file_fail(self):
-    directory = self._export()
-    # Random bytes over the middle half of every data file (the process's
-    # and the merged manifest's, which may hold small values inline):
-    # whatever tensorstore then decodes, or fails to, must not load.
-    rng = np.random.default_rng(0)
-    for data in sorted(p for p in directory.rglob("d/*") if p.is_file()):
-      size = data.stat().st_size
-      with open(data, "r+b") as f:
-        f.seek(size // 4)
-        f.write(rng.bytes(size // 2))
-    with self.assertRaises(checkpoints.CheckpointError) as raised:
-      checkpoints.load_params(str(directory), self.shapes, jnp.float32)
-    self.assertNotIn("\n", str(raised.exception))
-    self.assertIn(str(directory), str(raised.exception))
-
-  def test_nan_parameter_is_named_in_every_format(self):
-    flat = traverse_util.flatten_dict(self.params, sep="/")
-    name = "encoder/layers_0/attention/query/kernel"
-    flat[name] = flat[name].at[0, 1].set(jnp.nan).at[1, 2].set(jnp.inf)
-    broken = traverse_util.unflatten_dict(flat, sep="/")
-    _save_t5x(jax.device_get(broken), self.tmp / "t5x")
-    # An export records the NaN in its checksum; the value check refuses it.
-    for directory in (self.tmp / "t5x", self._export(broken)):
-      with self.assertRaisesRegex(
-          checkpoints.CheckpointError,
-          f"parameter {name} holds 2 NaN or infinite values of "
-          f"{flat[name].size}",
-      ):
-        checkpoints.load_params(str(directory), self.shapes, jnp.float32)
-
-  def test_shipped_demo_models_have_checksums(self):
-    demo = pathlib.Path(__file__).resolve().parent.parent / "spec_decode/demo"
-    for name in ("target", "draft", "draft_distilled"):
-      self.assertTrue((demo / name / "checksums.json").is_file(), name)
-
-
-class OfflineTest(absltest.TestCase):
-  """The paper's configs and the README's commands without the network."""
-
-  def test_unprepared_tfds_dataset_is_one_line(self):
-    # In a process of its own: a TFDS builder may start TensorFlow's GCS
-    # file system (threads that outlive the test) looking for its files.
-    script = """
-from unittest import mock
-import seqio
-from spec_decode import data, inputs
-builder = seqio.get_mixture_or_task("wmt_t2t_en_de").source.tfds_dataset
-with mock.patch.object(type(builder.builder), "is_prepared", return_value=False):
-  try:
-    inputs.read_inputs(task="wmt_t2t_en_de")
-  except ValueError as e:
-    print(e)
-"""
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=pathlib.Path(__file__).resolve().parent.parent,
-    )
-    # `data` registered the task, importing tensorflow_datasets, which needs
-    # importlib_resources.
-    self.assertRegex(
-        result.stdout.splitlines()[0],
-        r"^seqio task wmt_t2t_en_de reads the TFDS dataset "
-        r"wmt_t2t_translate/de-en:1.0.0, which is not prepared in .*: "
-        r"prepare it with `tfds build wmt_t2t_translate/de-en`",
-    )
-
-  def test_unreachable_gcs_fails_at_once(self):
-    with mock.patch.object(
-        checkpoints.socket, "getaddrinfo", side_effect=OSError(-2, "no DNS")
-    ):
-      with self.assertRaisesRegex(
-          checkpoints.CheckpointError,
-          r"^cannot read gs://b/ckpt: storage.googleapis.com does not "
-          r"resolve \(no DNS\)",
-      ):
-        checkpoints.load_params("gs://b/ckpt", t5.param_shapes(_DRAFT))
-
-  def test_tensorflow_file_errors_are_one_line(self):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-
-    stderr = io.StringIO()
-    with mock.patch.object(sys, "stderr", stderr):
-      with self.assertRaises(SystemExit) as exited:
-        with cli.one_line_errors():
-          raise tf.errors.FailedPreconditionError(
-              None, None, "Could not resolve host\n when reading gs://x/y"
-          )
-    self.assertEqual(exited.exception.code, 1)
-    self.assertEqual(
-        stderr.getvalue(),
-        "error: Could not resolve host when reading gs://x/y\n",
-    )
-
-  def test_multi30k_training_text_ships_in_the_package(self):
-    package = pathlib.Path(data.__file__).resolve().parent
-    self.assertEqual(data.multi30k_dir(), package / "demo" / "multi30k")
-    for split, size in (("train", 29_000), ("validation", 1_014)):
-      sources, references = data.parallel_text(data.MULTI30K, split)
-      self.assertLen(sources, size)
-      self.assertLen(references, size)
+_TARGET = tiny_pair.TARGET
+_DRAFT = tiny_pair.DRAFT
 
 
 class RunTest(parameterized.TestCase):

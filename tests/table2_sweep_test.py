@@ -1,8 +1,8 @@
-"""spec_decode.benchmark: a tiny Table 2 sweep end to end, and its errors.
+"""spec_decode.benchmark: one tiny Table 2 sweep end to end, and what uses it.
 
-The demo's 1.9M-parameter draft stands in as the target, with unigram and
-bigram drafts, so that the sweep compiles and decodes real Multi30k test
-sentences in seconds.
+The sweep runs once, for the class: its table2.json against the golden file,
+its markdown and plot, the table written after each group, and the merge of
+its parts and the resume of its directory.
 """
 
 import contextlib
@@ -12,7 +12,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import tempfile
 from unittest import mock
 
 from absl.testing import absltest
@@ -26,12 +25,13 @@ from spec_decode import gin_config
 from spec_decode import table2
 from spec_decode import vocabulary  # pylint: disable=unused-import  (gin)
 
-_ROOT = pathlib.Path(__file__).resolve().parent.parent
-_DEMO = _ROOT / "spec_decode" / "demo"
-_VOCABULARY = _DEMO / "sentencepiece.model"
-_GAMMAS = (1, 2)
-_DRAFTS = ("unigram", "bigram")
-_NUM_EXAMPLES = 3
+import tiny_table2
+
+_ROOT = tiny_table2.ROOT
+_DEMO = tiny_table2.DEMO
+_GAMMAS = tiny_table2.GAMMAS
+_DRAFTS = tiny_table2.DRAFTS
+_NUM_EXAMPLES = tiny_table2.NUM_EXAMPLES
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _GOLDEN = pathlib.Path(__file__).parent / "testdata" / "golden_table2.json"
 _GOLDEN_KEYS = (
@@ -44,35 +44,11 @@ _GOLDEN_KEYS = (
 )
 
 
-class BenchmarkTest(absltest.TestCase):
+class Table2SweepTest(tiny_table2.TinyTable2TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.tmp = pathlib.Path(tempfile.mkdtemp())
-    cls.out = cls.tmp / "out"
-    cls.gin_file = cls.tmp / "tiny.gin"
-    cls.gin_file.write_text(f"""
-include 'target:models/demo_draft.gin'
-target/checkpoint_path.path = '{_DEMO / "draft"}'
-run.vocabulary = @seqio.SentencePieceVocabulary()
-seqio.SentencePieceVocabulary.sentencepiece_model_file = '{_VOCABULARY}'
-seqio.SentencePieceVocabulary.extra_ids = 96
-run.gamma = 1
-run.max_input_len = 64
-run.max_decode_len = 24
-run.timing_repeats = 1
-make_mesh.num_devices = 1
-table2.sweep.output_dir = '{cls.out}'
-table2.sweep.tasks = {{'multi30k_en_de': []}}
-table2.sweep.drafts = {list(_DRAFTS)}
-table2.sweep.temperatures = [0.0]
-table2.sweep.gammas = {list(_GAMMAS)}
-table2.sweep.batch_sizes = [1]
-table2.sweep.num_examples = {_NUM_EXAMPLES}
-table2.sweep.ngram_corpus = '{_DEMO / "multi30k" / "test_2016_flickr.de.gz"}'
-table2.sweep.progress = False
-""")
     gin_config.parse([cls.gin_file])
     cls.written = []  # The points in each table written, as it is written.
     write = table2.write
@@ -84,21 +60,6 @@ table2.sweep.progress = False
     with mock.patch.object(table2, "write", counting_write):
       cls.markdown = table2.sweep([cls.gin_file], [])
     gin.clear_config()
-
-  def _cli(self, *bindings):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spec_decode.benchmark",
-            f"--gin_file={self.gin_file}",
-        ]
-        + [f"--gin_bindings={b}" for b in bindings],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=_ROOT,
-    )
 
   def test_json_has_every_point(self):
     everything = json.loads((self.out / "table2.json").read_text())
@@ -379,134 +340,6 @@ table2.sweep.progress = False
     height, width, _ = image.imread(path).shape
     self.assertGreater(height, 100)
     self.assertGreater(width, 100)
-
-  def test_the_full_sweep_is_192_points(self):
-    gin_config.parse(["benchmark.gin"])
-    axes = {
-        name: gin.query_parameter(f"table2.sweep.{name}")
-        for name in ("tasks", "temperatures", "batch_sizes", "drafts", "gammas")
-    }
-    self.assertEqual(set(axes["tasks"]), {"multi30k_en_de", "wmt21_en_de"})
-    self.assertLen(table2.points(**axes), 192)
-
-  def test_bad_binding_is_one_line(self):
-    done = self._cli("table2.sweep.gamas = [1]")
-    self.assertEqual(done.returncode, 1)
-    self.assertEqual(done.stdout, "")
-    lines = done.stderr.strip().splitlines()
-    self.assertLen(lines, 1, done.stderr)
-    self.assertRegex(lines[0], r"^error: .*gamas")
-
-  def test_failing_point_is_named(self):
-    gin_config.parse([self.gin_file], ["run.max_input_len = 4"])
-    with self.assertRaisesRegex(
-        RuntimeError,
-        r"^point 1/4 \(multi30k_en_de, temperature 0, batch 1, unigram draft, "
-        r"gamma 1\): input 1 has \d+ tokens",
-    ):
-      table2.sweep(
-          [self.gin_file],
-          ["run.max_input_len = 4"],
-          output_dir=self.tmp / "failing",
-      )
-
-  def test_bad_axis_fails_before_any_point(self):
-    with self.assertRaisesRegex(ValueError, "drafts: 'trigram' is not one of"):
-      table2.sweep(
-          [self.gin_file],
-          [],
-          output_dir=self.tmp / "bad",
-          tasks={"multi30k_en_de": []},
-          drafts=["trigram"],
-      )
-    self.assertFalse((self.tmp / "bad").exists())
-
-  def test_verifier_and_threshold_axes(self):
-    gin_config.parse([self.gin_file])
-    table2.sweep(
-        [self.gin_file],
-        [],
-        output_dir=self.tmp / "policies",
-        drafts=["bigram"],
-        gammas=[2],
-        verifiers=["token", "block"],
-        draft_thresholds=[0.0, 0.5],
-    )
-    rows = json.loads((self.tmp / "policies" / "table2.json").read_text())[
-        "points"
-    ]
-    self.assertEqual(
-        [(r["verifier"], r["draft_threshold"]) for r in rows],
-        [
-            (verifier, threshold)
-            for verifier in ("token", "block")
-            for threshold in (0.0, 0.5)
-        ],
-    )
-    for row in rows:
-      self.assertEqual(row["mismatches"], 0)
-      self.assertEqual((row["gamma"], row["gamma_policy"]), (2, "fixed"))
-      self.assertIsNone(row["calibration"])
-      if row["draft_threshold"] == 0:
-        self.assertEqual(row["draft_calls_per_target_call"], 2)
-      else:
-        self.assertLessEqual(row["draft_calls_per_target_call"], 2)
-
-  def test_gamma_policy_axis(self):
-    # One 'auto' point: its calibration compiles 8 verify calls.
-    axes = dict(
-        drafts=["bigram"],
-        gammas=[2, "auto"],
-        verifiers=["block"],
-        draft_thresholds=[0.5],
-    )
-    gin_config.parse([self.gin_file])
-    markdown = table2.sweep(
-        [self.gin_file], [], output_dir=self.tmp / "auto", **axes
-    )
-    rows = json.loads((self.tmp / "auto" / "table2.json").read_text())["points"]
-    self.assertEqual([r["gamma_policy"] for r in rows], ["fixed", "auto"])
-    fixed, auto = rows
-    self.assertEqual(fixed["gamma"], 2)
-    self.assertIsNone(fixed["calibration"])
-    self.assertBetween(auto["gamma"], 1, 8)
-    self.assertEqual(auto["calibration"]["gamma"], auto["gamma"])
-    self.assertLen(auto["calibration"]["verify_calls"], 8)
-    for row in rows:
-      self.assertEqual(row["mismatches"], 0)
-      self.assertLessEqual(row["draft_calls_per_target_call"], row["gamma"])
-    self.assertIn("| auto (", markdown)
-    self.assertIn("| block, stop < 0.5 |", markdown)
-    # Resuming keeps every point, 'auto' ones included.
-    gin_config.parse([self.gin_file])
-    with mock.patch.object(compare, "run", side_effect=AssertionError):
-      table2.sweep(
-          [self.gin_file],
-          [],
-          output_dir=self.tmp / "auto",
-          resume=True,
-          **axes,
-      )
-
-  def test_bad_verifier_axis_fails_before_any_point(self):
-    for axes, message in (
-        (dict(verifiers=["tree"]), "verifiers: 'tree' is not one of"),
-        (dict(draft_thresholds=[1.0]), "draft_thresholds must be in"),
-        (dict(gammas=["best"]), "gammas must be ints >= 1 or 'auto'"),
-    ):
-      with self.assertRaisesRegex(ValueError, message):
-        table2.sweep(
-            [self.gin_file],
-            [],
-            output_dir=self.tmp / "bad_policy",
-            tasks={"multi30k_en_de": []},
-            **axes,
-        )
-    self.assertFalse((self.tmp / "bad_policy").exists())
-
-  def tearDown(self):
-    gin.clear_config()
-    super().tearDown()
 
 
 if __name__ == "__main__":

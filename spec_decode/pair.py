@@ -21,6 +21,7 @@ import gin
 import jax
 
 from spec_decode import checkpoints
+from spec_decode import huge_pages
 from spec_decode import partitioning
 from spec_decode.checkpoints import hf_config
 from spec_decode.checkpoints import storage
@@ -171,6 +172,7 @@ def load_model(scope, mesh=None, rules=partitioning.LOGICAL_AXIS_RULES):
     params = jax.device_put(params)
   if config.transposed_kernels:
     params = _transposed(params, config, mesh, rules)
+  params = huge_pages.collapse(params)
   return LoadedModel(scope, config, t5.Transformer(config), params)
 
 

@@ -1,0 +1,123 @@
+"""spec_decode.huge_pages: parameters moved onto 2 MiB pages, values unchanged.
+
+The pages are read back from /proc/self/smaps: the AnonHugePages of the
+memory areas that hold a buffer, before and after.
+"""
+
+import os
+import platform
+from unittest import mock
+
+from absl.testing import absltest
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import compare  # pylint: disable=unused-import  (gin)
+from spec_decode import gin_config
+from spec_decode import huge_pages
+from spec_decode import pair
+from spec_decode import vocabulary  # pylint: disable=unused-import  (gin)
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _kernel_collapses():
+  """Whether this kernel has MADV_COLLAPSE (Linux 6.1) and huge pages on."""
+  if not platform.system() == "Linux":
+    return False
+  major, minor = (int(x) for x in platform.release().split(".")[:2])
+  try:
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+      enabled = f.read()
+  except OSError:
+    return False
+  return (major, minor) >= (6, 1) and "[never]" not in enabled
+
+
+def _huge_bytes(address, size):
+  """AnonHugePages, in bytes, of the memory areas [address, address + size)
+  lies in."""
+  total, inside = 0, False
+  with open("/proc/self/smaps") as f:
+    for line in f:
+      head = line.split()[0]
+      if "-" in head and not head.endswith(":"):
+        start, end = (int(x, 16) for x in head.split("-"))
+        inside = start < address + size and address < end
+      elif inside and head == "AnonHugePages:":
+        total += int(line.split()[1]) * 1024
+  return total
+
+
+def _full_pages(address, size):
+  """How many whole 2 MiB pages lie inside [address, address + size)."""
+  first = -(-address // huge_pages.PAGE_BYTES)
+  return max(0, (address + size) // huge_pages.PAGE_BYTES - first)
+
+
+@absltest.skipUnless(_kernel_collapses(), "no MADV_COLLAPSE on this kernel")
+class CollapseTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    # 16 MiB written by XLA, so on malloc's 4 KiB pages.
+    self.array = jnp.arange(4 << 20, dtype=jnp.float32) * 0.5
+    self.array.block_until_ready()
+    self.address = self.array.unsafe_buffer_pointer()
+    self.expected = np.asarray(self.array).copy()
+
+  def test_whole_pages_become_huge_and_values_stay(self):
+    before = _huge_bytes(self.address, self.array.nbytes)
+    tree = huge_pages.collapse({"w": self.array, "step": 3})
+    after = _huge_bytes(self.address, self.array.nbytes)
+    full = _full_pages(self.address, self.array.nbytes)
+    self.assertGreaterEqual(full, 7)
+    self.assertGreaterEqual(after - before, full * huge_pages.PAGE_BYTES)
+    self.assertIs(tree["w"], self.array)
+    np.testing.assert_array_equal(np.asarray(self.array), self.expected)
+
+  def test_disabled_leaves_the_pages(self):
+    before = _huge_bytes(self.address, self.array.nbytes)
+    huge_pages.collapse([self.array], enabled=False)
+    self.assertEqual(_huge_bytes(self.address, self.array.nbytes), before)
+
+
+class PagesOfTest(absltest.TestCase):
+
+  def test_pages_touched(self):
+    mib = 1 << 20
+    self.assertEqual(
+        huge_pages.pages_of([(3 * mib, 2 * mib), (10 * mib, 1), (0, 1)]),
+        [0, 1, 2, 5],
+    )
+
+
+class LoadModelTest(absltest.TestCase):
+
+  def tearDown(self):
+    gin.clear_config()
+    super().tearDown()
+
+  def test_loaded_parameters_are_collapsed(self):
+    gin_config.parse(
+        ["demo.gin"],
+        [
+            "draft/checkpoint_path.path ="
+            f" '{_ROOT}/spec_decode/demo/draft_shared2_greedy_48m'"
+        ],
+    )
+    with mock.patch.object(
+        huge_pages, "collapse", wraps=huge_pages.collapse
+    ) as collapse:
+      loaded = pair.load_model("draft")
+    collapse.assert_called_once()
+    self.assertIs(collapse.call_args.args[0], loaded.params)
+    self.assertTrue(
+        all(isinstance(x, jax.Array) for x in jax.tree.leaves(loaded.params))
+    )
+
+
+if __name__ == "__main__":
+  absltest.main()

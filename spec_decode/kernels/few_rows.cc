@@ -16,12 +16,13 @@
 // of k, then a fixed lane reduction. So a row's result is bit-identical
 // whether it is computed alone (a decode step) or among others (verification).
 //
-// Products of several rows are split over chunks of weight rows among the
-// threads of spin_pool.h, whose workers spin between products. A single row
-// runs on the calling thread alone: one core streams the weights about as
-// fast as two, and a decode step's ~55 products then pay no hand-off. On a
-// 2-core Zen 4 EPYC (32 MiB L3) the demo target's 1-token call took 4.3-4.5
-// ms so, against 5.2 split over both cores.
+// Every product, a single row's too, is split over chunks of weight rows
+// among the threads of spin_pool.h, whose workers spin between products: one
+// core streams the weights from DRAM slower than two. On a 2-core Zen 4 EPYC
+// (32 MiB L3), the parameters on 2 MiB pages, the demo target's 1-token call
+// took 1.75-1.80 ms so, against 2.95-3.05 ms on the calling thread alone
+// (benchmarks/loop_overhead.py, the two run in turn). With OpenMP's threads,
+// before spin_pool.h, a split single row had cost more (5.2 ms against 4.3).
 
 #include <atomic>
 #include <cstddef>
@@ -163,11 +164,7 @@ ffi::Error FewRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
   }
   const Product product{x.typed_data(), w.typed_data(), out->typed_data(),
                         M, N, K};
-  if (M == 1) {
-    ProductPart(&product, 0, 1);
-  } else {
-    spin_pool::Shared().Run(ProductPart, &product);
-  }
+  spin_pool::Shared().Run(ProductPart, &product);
   return ffi::Error::Success();
 }
 

@@ -7,8 +7,8 @@ are 33,000 pages, one TLB miss each, and the hardware prefetchers stop at
 every page boundary. `collapse` asks the kernel to move the parameters'
 memory onto 2 MiB pages in place (madvise MADV_COLLAPSE, Linux 6.1+), after
 they are placed. The values do not change, only the pages under them. On the
-demo's 2-core EPYC the target's 1-token call went from 4.1-4.4 ms to 3.4-3.5
-(README, "Parameters on 2 MiB pages").
+demo's 2-core EPYC the target's 1-token call went from 3.7-4.4 ms to 3.4-3.5
+(README, "A sixth session: parameters on 2 MiB pages").
 
 Elsewhere (another OS, an older kernel, an accelerator, or
 `collapse.enabled = False`) it does nothing. A page range the kernel refuses

@@ -7,6 +7,7 @@ so that a parameter wrongly counted on (or off) the decode path shows.
 import dataclasses
 
 from absl.testing import absltest
+import gin
 import jax
 import jax.numpy as jnp
 
@@ -21,7 +22,15 @@ def _tiny(dtype="float32"):
   return t5.T5Config()
 
 
-class NeededBytesTest(absltest.TestCase):
+class GinTestCase(absltest.TestCase):
+  """Leaves gin clear (and unlocked) for the next test in the process."""
+
+  def tearDown(self):
+    gin.clear_config()
+    super().tearDown()
+
+
+class NeededBytesTest(GinTestCase):
 
   def test_decode_path_params_counted_by_hand(self):
     config = _tiny("bfloat16")
@@ -97,7 +106,7 @@ class CacheMovesTest(absltest.TestCase):
     )
 
 
-class CallCostsTest(absltest.TestCase):
+class CallCostsTest(GinTestCase):
 
   def test_tiny_call(self):
     config = _tiny()

@@ -10,6 +10,7 @@ import gin
 import jax
 import numpy as np
 
+from spec_decode import gin_config
 from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode.models import t5
@@ -89,7 +90,7 @@ class LoadTransposedTest(absltest.TestCase):
         ),
         "target/T5Config.transposed_kernels = True",
     ]
-    gin.parse_config(bindings)
+    gin_config.parse(bindings=bindings)
     mesh = partitioning.make_mesh(num_devices=2, model_parallel=2)
     loaded = pair.load_model("target", mesh)
     self.assertTrue(loaded.config.transposed_kernels)

@@ -5,6 +5,7 @@
 cached decode call, compiled once per model.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -16,17 +17,7 @@ ATOL = 1e-5
 
 
 def config(family):
-  if family == "t5_1_1":
-    return t5.T5Config(
-        vocab_size=97,
-        emb_dim=16,
-        num_heads=4,
-        head_dim=8,
-        mlp_dim=32,
-        num_encoder_layers=2,
-        num_decoder_layers=3,
-    )
-  return t5.T5Config(
+  t5_1_1 = t5.T5Config(
       vocab_size=97,
       emb_dim=16,
       num_heads=4,
@@ -34,8 +25,12 @@ def config(family):
       mlp_dim=32,
       num_encoder_layers=2,
       num_decoder_layers=3,
-      mlp_activations=("relu",),
-      logits_via_embedding=True,
+  )
+  if family == "t5_1_1":
+    return t5_1_1
+  # T5 1.0: a ReLU MLP, and logits through the shared embedding.
+  return dataclasses.replace(
+      t5_1_1, mlp_activations=("relu",), logits_via_embedding=True
   )
 
 

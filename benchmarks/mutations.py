@@ -191,6 +191,15 @@ MUTATIONS = (
         "tests/block_kernel_test.py",
         "law_of_the_emitted_tokens",
     ),
+    Mutation(
+        "pool_returns_before_its_workers",
+        "the kernel's pool returns without waiting for the workers that joined",
+        "spec_decode/kernels/spin_pool.h",
+        r"while \(\(ticket_\.load\(std::memory_order_acquire\) & kJoined\) != 0\)",
+        "if (false)",
+        "tests/spin_pool_test.py",
+        "every_piece_once",
+    ),
 )
 
 

@@ -134,7 +134,7 @@ struct Product {
 // way undisturbed); the demo's speedup did not move (greedy, gamma 4, two
 // runs each: 1.34x and 1.36x against 1.35x and 1.35x). Every output element
 // is computed the same way whichever thread takes its chunk.
-void ProductPart(const void* job, int /*part*/, int /*parts*/) {
+void ProductShare(const void* job) {
   const Product& p = *static_cast<const Product*>(job);
   const int64_t num_chunks = (p.N + kChunkRows - 1) / kChunkRows;
   for (int64_t c = p.next_chunk.fetch_add(1, std::memory_order_relaxed);
@@ -164,7 +164,7 @@ ffi::Error FewRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
   }
   const Product product{x.typed_data(), w.typed_data(), out->typed_data(),
                         M, N, K};
-  spin_pool::Shared().Run(ProductPart, &product);
+  spin_pool::Shared().Run(ProductShare, &product);
   return ffi::Error::Success();
 }
 

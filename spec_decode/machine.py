@@ -18,16 +18,40 @@ _CPUINFO = pathlib.Path("/proc/cpuinfo")
 _CACHES = pathlib.Path("/sys/devices/system/cpu/cpu0/cache")
 
 
-def cpu_model(cpuinfo=_CPUINFO):
-  """The CPU's model name ('AMD EPYC'), or platform.processor()'s guess."""
+def _cpuinfo_field(name, cpuinfo):
+  """The first value of `name` in cpuinfo, or None."""
   try:
     for line in cpuinfo.read_text().splitlines():
       key, _, value = line.partition(":")
-      if key.strip() == "model name" and value.strip():
+      if key.strip() == name and value.strip():
         return value.strip()
   except OSError:
     pass
-  return platform.processor() or platform.machine() or "unknown"
+  return None
+
+
+def cpu_model(cpuinfo=_CPUINFO):
+  """The CPU's model name ('AMD EPYC'), or platform.processor()'s guess."""
+  return (
+      _cpuinfo_field("model name", cpuinfo)
+      or platform.processor()
+      or platform.machine()
+      or "unknown"
+  )
+
+
+def cpu_family(cpuinfo=_CPUINFO):
+  """'family 26 model 2', or None where Linux does not say.
+
+  A cloud VM's model name is often only 'AMD EPYC': the family and model
+  tell its generations apart (AMD's family 23 is Zen 2, 25 Zen 3 and 4, 26
+  Zen 5).
+  """
+  family = _cpuinfo_field("cpu family", cpuinfo)
+  model = _cpuinfo_field("model", cpuinfo)
+  if family is None or model is None:
+    return None
+  return f"family {family} model {model}"
 
 
 def last_level_cache(caches=_CACHES):
@@ -53,7 +77,8 @@ def describe():
 
   Returns:
     {'platform': jax's backend ('cpu', 'gpu', 'tpu'), 'device_kind',
-    'num_devices', 'num_processes', 'cpu': the host CPU's model, 'cpus':
+    'num_devices', 'num_processes', 'cpu': the host CPU's model,
+    'cpu_family': `cpu_family()` (or None), 'cpus':
     logical CPUs this process may use, 'last_level_cache': e.g. 'L3
     16384K' or None, 'jax': its version}.
   """
@@ -69,6 +94,7 @@ def describe():
       "num_devices": jax.device_count(),
       "num_processes": jax.process_count(),
       "cpu": cpu_model(),
+      "cpu_family": cpu_family(),
       "cpus": cpus,
       "last_level_cache": None if cache is None else f"L{cache[0]} {cache[1]}",
       "jax": jax.__version__,
@@ -76,8 +102,14 @@ def describe():
 
 
 def summary(machine):
-  """describe()'s dict on one line: 'cpu: AMD EPYC, 2 CPUs, L3 16384K'."""
-  host = f"{machine['cpu']}, {machine['cpus']} CPUs"
+  """describe()'s dict on one line: 'cpu: AMD EPYC, 2 CPUs, L3 16384K'.
+
+  With a CPU family: 'cpu: AMD EPYC (family 26 model 2), 2 CPUs, ...'.
+  """
+  host = machine["cpu"]
+  if machine.get("cpu_family"):
+    host += f" ({machine['cpu_family']})"
+  host += f", {machine['cpus']} CPUs"
   if machine.get("last_level_cache"):
     host += f", {machine['last_level_cache']}"
   if machine["platform"] == "cpu":

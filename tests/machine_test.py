@@ -40,6 +40,18 @@ class MachineTest(absltest.TestCase):
     )
     self.assertEqual(machine.cpu_model(cpuinfo), "AMD EPYC 7B12")
 
+  def test_cpu_family_reads_family_and_model(self):
+    cpuinfo = self.tmp / "cpuinfo"
+    _write(
+        cpuinfo,
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n"
+        "model\t\t: 2\nmodel name\t: AMD EPYC\n",
+    )
+    self.assertEqual(machine.cpu_family(cpuinfo), "family 26 model 2")
+    _write(cpuinfo, "model name\t: AMD EPYC\n")
+    self.assertIsNone(machine.cpu_family(cpuinfo))
+    self.assertIsNone(machine.cpu_family(self.tmp / "missing"))
+
   def test_cpu_model_without_cpuinfo_falls_back(self):
     model = machine.cpu_model(self.tmp / "missing")
     self.assertIsInstance(model, str)
@@ -74,6 +86,10 @@ class MachineTest(absltest.TestCase):
   def test_summary(self):
     cpu = CPU_MACHINE
     self.assertEqual(machine.summary(cpu), "cpu: AMD EPYC, 2 CPUs, L3 16384K")
+    self.assertEqual(
+        machine.summary(dict(cpu, cpu_family="family 26 model 2")),
+        "cpu: AMD EPYC (family 26 model 2), 2 CPUs, L3 16384K",
+    )
     gpu = dict(cpu, platform="gpu", device_kind="NVIDIA H200", num_devices=1)
     gpu["last_level_cache"] = None
     self.assertEqual(

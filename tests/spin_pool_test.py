@@ -74,10 +74,12 @@ class SpinPoolTest(absltest.TestCase):
     # Each one-piece job starts 10 ms after the last (the workers asleep by
     # then); its caller's share takes well under a microsecond, a worker's
     # wake-up tens of microseconds. A pool whose caller waits for every
-    # worker runs all 20 jobs on one; this one runs them on the caller.
+    # worker counts all 20 jobs as run on a worker. This one ran 0 of 20 on
+    # an idle machine and 3 of 20 with three busy threads on its 2 cores; a
+    # worker joins only where the caller is preempted before its share ends.
     counts = self._run("asleep")
     self.assertEqual(counts["jobs"], 20)
-    self.assertLess(counts["on_workers"], 10)
+    self.assertLess(counts["on_workers"], 15)
     self.assertEqual(counts["stale"], 0)
 
 

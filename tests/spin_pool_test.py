@@ -7,13 +7,13 @@ never; and jobs started while the workers sleep, which the caller must finish
 without waiting for them to wake.
 """
 
-import os
 import pathlib
-import shutil
 import subprocess
 import tempfile
 
 from absl.testing import absltest
+
+from spec_decode.kernels import few_rows
 
 _KERNELS = (
     pathlib.Path(__file__).resolve().parent.parent / "spec_decode" / "kernels"
@@ -32,9 +32,7 @@ class SpinPoolTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    compiler = (
-        os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    )
+    compiler = few_rows.compiler()
     if not compiler:
       raise absltest.SkipTest("no C++ compiler")
     cls._scratch = tempfile.TemporaryDirectory()

@@ -81,17 +81,22 @@ def _compile_command(compiler, output):
   ]
 
 
+def compiler():
+  """The C++ compiler the kernel is built with ($CXX, g++ or c++), or None."""
+  return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
 def _build():
   """The compiled library's path, compiling it if no cached copy matches."""
-  compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-  if not compiler:
+  compiler_path = compiler()
+  if not compiler_path:
     raise RuntimeError("no C++ compiler (set CXX, or install g++)")
   key = hashlib.sha256(
       "\0".join(
           [
               _SOURCE.read_text(),
               _HEADER.read_text(),
-              " ".join(_compile_command(compiler, "")),
+              " ".join(_compile_command(compiler_path, "")),
               jaxlib.__version__,
               _host_cpu(),
           ]
@@ -106,7 +111,7 @@ def _build():
   with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
     output = pathlib.Path(scratch) / library.name
     result = subprocess.run(
-        _compile_command(compiler, output),
+        _compile_command(compiler_path, output),
         capture_output=True,
         text=True,
         timeout=_COMPILE_TIMEOUT_S,
@@ -114,7 +119,7 @@ def _build():
     )
     if result.returncode:
       last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-      raise RuntimeError(f"{compiler} failed on {_SOURCE.name}: {last}")
+      raise RuntimeError(f"{compiler_path} failed on {_SOURCE.name}: {last}")
     os.replace(output, library)
   return library
 

@@ -110,9 +110,10 @@ def calibrate(
     judged += int(result.drafted_tokens.sum())
   alpha = min(max(beta / max(judged, 1), 0.0), 1.0)
 
-  capacity = max_decode_len + max_gamma + 1
   position = max_decode_len // 2
-  target, draft = decoders.setup_pair(batches[0], capacity)
+  target, draft = decoders.speculative_setup(
+      batches[0], gamma=max_gamma, max_decode_len=max_decode_len
+  )
 
   def seconds(model, num_tokens):
     return timing.seconds_per_call(

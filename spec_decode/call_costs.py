@@ -54,9 +54,10 @@ def measure(decoders, inputs, gamma, max_decode_len):
   Returns:
     StepCosts.
   """
-  capacity = max_decode_len + gamma + 1
   position = max_decode_len // 2
-  target, draft = decoders.setup_pair(inputs, capacity)
+  target, draft = decoders.speculative_setup(
+      inputs, gamma=gamma, max_decode_len=max_decode_len
+  )
   with partitioning.active(decoders.mesh, decoders.target_rules):
     return StepCosts(
         target_step=_call_seconds(target.decode_fn, target.cache, 1, position),

@@ -275,7 +275,7 @@ def _results(
     decoders: the run's engine.Engine.
     first_batch: the first batch's tokens; the call costs are measured on it.
     totals: the run's run_totals.RunTotals.
-    seconds: (baseline seconds, speculative seconds) over the batches.
+    seconds: the run's run_totals.Seconds.
     calibration: gamma='auto''s calibration_lib.Calibration, or None.
     num_inputs: the inputs decoded.
     num_truncated: those of them cut to max_input_len.
@@ -294,8 +294,7 @@ def _results(
   )
   results = run_totals.results(
       totals,
-      seconds[0],
-      seconds[1],
+      seconds,
       costs,
       gamma,
       speculative["config"],

@@ -75,7 +75,9 @@ class Engine:
 
   def baseline(self, inputs, rng, *, max_decode_len, config):
     """`decoding.autoregressive_decode` of the target on placed inputs."""
-    target_fn, cache = self.setup("target", inputs, max_decode_len)
+    target_fn, cache = self.baseline_setup(
+        inputs, max_decode_len=max_decode_len
+    )
     args = (target_fn, cache, self._place_key(rng))
     return self._loop(
         _baseline_loop,
@@ -97,9 +99,8 @@ class Engine:
       draft_threshold=0.0,
   ):
     """`speculative.speculative_decode` of the pair on placed inputs."""
-    capacity = max_decode_len + gamma + 1
-    (target_fn, target_cache), (draft_fn, draft_cache) = self.setup_pair(
-        inputs, capacity
+    (target_fn, target_cache), (draft_fn, draft_cache) = self.speculative_setup(
+        inputs, gamma=gamma, max_decode_len=max_decode_len
     )
     args = (target_fn, draft_fn, target_cache, draft_cache)
     args += (self._place_key(rng),)
@@ -113,6 +114,19 @@ class Engine:
         verifier=verifier,
         draft_threshold=draft_threshold,
     )
+
+  def baseline_setup(self, inputs, *, max_decode_len) -> drafts.Draft:
+    """What `baseline` does before its loop: the target's encoding and cache."""
+    return self.setup("target", inputs, max_decode_len)
+
+  def speculative_setup(self, inputs, *, gamma, max_decode_len):
+    """What `speculative` does before its loop: both models' caches.
+
+    Returns:
+      (target Draft, draft Draft), their caches holding max_decode_len +
+      gamma + 1 positions (the last target call may overrun by gamma + 1).
+    """
+    return self.setup_pair(inputs, max_decode_len + gamma + 1)
 
   def setup(self, which, inputs, capacity) -> drafts.Draft:
     """A model's decode function and a fresh, sharded cache for `inputs`.

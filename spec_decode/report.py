@@ -14,6 +14,13 @@ _ROWS = (
     ("baseline ms / token", "baseline_ms_per_token", "{:.2f}"),
     ("speculative ms / token", "speculative_ms_per_token", "{:.2f}"),
     ("speedup (measured)", "speedup", "{:.2f}x"),
+    (
+        "baseline set-up ms / batch (encoder, cache)",
+        "baseline_setup_ms",
+        "{:.2f}",
+    ),
+    ("speculative set-up ms / batch", "speculative_setup_ms", "{:.2f}"),
+    ("speedup after set-up", "speedup_after_setup", "{:.2f}x"),
     ("c (draft step / target step)", "c", "{:.3f}"),
     (
         "target (gamma+1)-token call / 1-token call",

@@ -1,10 +1,10 @@
 """A run's batches through both decoders: timed, summed and written.
 
 `decode` runs the baseline and the speculative decoder on each batch of
-`compare.run`, times each (the median of `timing_repeats`, after an untimed
-warm-up at each new input length), adds the batch's real rows to the run's
-totals and writes their outputs.jsonl records as the batch ends, so an
-interrupted run keeps the rows it decoded.
+`compare.run`, times each, and each one's set-up alone (each the median of
+`timing_repeats`, after an untimed warm-up at each new input length), adds
+the batch's real rows to the run's totals and writes their outputs.jsonl
+records as the batch ends, so an interrupted run keeps the rows it decoded.
 """
 
 import pathlib
@@ -51,15 +51,14 @@ def decode(
       max_decode_len, config, verifier, draft_threshold).
 
   Returns:
-    (the run's run_totals.RunTotals, (baseline seconds, speculative
-    seconds) over the batches).
+    (the run's run_totals.RunTotals, its run_totals.Seconds).
 
   Raises:
     ValueError: unless `allow_nonfinite`, after the batch where the first
       row with non-finite logits appears (the writer then closed).
   """
   totals = run_totals.RunTotals(speculative["gamma"])
-  baseline_time = speculative_time = 0.0
+  seconds = run_totals.Seconds()
   seen_shapes = set()
   for index, (batch, num_real) in enumerate(
       tqdm.tqdm(
@@ -73,7 +72,7 @@ def decode(
     # Each new input length compiles both decoders: untimed.
     warm_up = placed.shape not in seen_shapes
     seen_shapes.add(placed.shape)
-    (base, spec), seconds = _decode_both(
+    (base, spec), batch_seconds = _decode_both(
         decoders,
         placed,
         jax.random.fold_in(jax.random.key(seed), index),
@@ -81,8 +80,7 @@ def decode(
         warm_up,
         **speculative,
     )
-    baseline_time += seconds[0]
-    speculative_time += seconds[1]
+    seconds.add(batch_seconds)
     same, nonfinite = totals.add(base, spec, num_real)
     if writer is not None:
       writer.add_rows(
@@ -101,30 +99,43 @@ def decode(
       raise _nonfinite_error(
           totals.nonfinite_rows, index * batch_size + num_real, output_dir
       )
-  return totals, (baseline_time, speculative_time)
+  return totals, seconds
 
 
 def _decode_both(decoders, placed, rng, repeats, warm_up, **speculative):
-  """Both decoders on one batch, each timed (the median of `repeats`).
+  """Both decoders on one batch, and each one's set-up alone, each timed.
+
+  Each time is the median of `repeats` runs.
 
   Returns:
-    ((baseline result, speculative result) on the host, (seconds, seconds)).
+    ((baseline result, speculative result) on the host, the batch's
+    run_totals.Seconds).
   """
-  common = dict(
-      max_decode_len=speculative["max_decode_len"],
-      config=speculative["config"],
+  max_decode_len = speculative["max_decode_len"]
+  timed = lambda run: timing.timed(run, repeats, warm_up=warm_up)
+  base, base_seconds = timed(
+      lambda: decoders.baseline(
+          placed,
+          rng,
+          max_decode_len=max_decode_len,
+          config=speculative["config"],
+      )
   )
-  base, base_seconds = timing.timed(
-      lambda: decoders.baseline(placed, rng, **common),
-      repeats,
-      warm_up=warm_up,
+  spec, spec_seconds = timed(
+      lambda: decoders.speculative(placed, rng, **speculative)
   )
-  spec, spec_seconds = timing.timed(
-      lambda: decoders.speculative(placed, rng, **speculative),
-      repeats,
-      warm_up=warm_up,
+  _, base_setup = timed(
+      lambda: decoders.baseline_setup(placed, max_decode_len=max_decode_len)
   )
-  return jax.device_get((base, spec)), (base_seconds, spec_seconds)
+  _, spec_setup = timed(
+      lambda: decoders.speculative_setup(
+          placed, gamma=speculative["gamma"], max_decode_len=max_decode_len
+      )
+  )
+  seconds = run_totals.Seconds(
+      base_seconds, spec_seconds, base_setup, spec_setup, batches=1
+  )
+  return jax.device_get((base, spec)), seconds
 
 
 def _text(vocabulary, ids):

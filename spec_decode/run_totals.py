@@ -69,10 +69,35 @@ class RunTotals:
     return same, nonfinite
 
 
+@dataclasses.dataclass
+class Seconds:
+  """A run's timed seconds, each the sum over its batches of their medians.
+
+  Attributes:
+    baseline: the baseline decoder, its set-up included.
+    speculative: the speculative decoder, its set-up included.
+    baseline_setup: the baseline's set-up alone (the target's encoder and
+      cache), which Theorem 3.8 leaves out.
+    speculative_setup: the speculative decoder's set-up alone (both caches).
+    batches: the batches timed.
+  """
+
+  baseline: float = 0.0
+  speculative: float = 0.0
+  baseline_setup: float = 0.0
+  speculative_setup: float = 0.0
+  batches: int = 0
+
+  def add(self, batch):
+    """Adds one batch's Seconds (its `batches` 1)."""
+    for field in dataclasses.fields(self):
+      name = field.name
+      setattr(self, name, getattr(self, name) + getattr(batch, name))
+
+
 def results(
     totals,
-    baseline_time,
-    speculative_time,
+    seconds,
     costs,
     gamma,
     config,
@@ -83,8 +108,7 @@ def results(
 
   Args:
     totals: the run's RunTotals.
-    baseline_time: seconds the baseline took, over all batches.
-    speculative_time: seconds the speculative decoder took.
+    seconds: the run's Seconds.
     costs: the call_costs.StepCosts measured.
     gamma: tokens drafted per target call.
     config: the SamplingConfig.
@@ -97,8 +121,18 @@ def results(
   drafted = max(totals.drafted, 1)
   calls = max(totals.target_calls, 1)
   alpha = totals.accepted / drafted
-  baseline_ms = 1e3 * baseline_time / totals.baseline_tokens
-  speculative_ms = 1e3 * speculative_time / totals.speculative_tokens
+  baseline_ms = 1e3 * seconds.baseline / totals.baseline_tokens
+  speculative_ms = 1e3 * seconds.speculative / totals.speculative_tokens
+  batches = max(seconds.batches, 1)
+  # Each decoder's time less its set-up's: what Theorem 3.8 models.
+  baseline_loop_ms = (
+      1e3 * (seconds.baseline - seconds.baseline_setup) / totals.baseline_tokens
+  )
+  speculative_loop_ms = (
+      1e3
+      * (seconds.speculative - seconds.speculative_setup)
+      / totals.speculative_tokens
+  )
   return {
       "num_examples": num_examples,
       "num_truncated": num_truncated,
@@ -117,6 +151,9 @@ def results(
       "baseline_ms_per_token": baseline_ms,
       "speculative_ms_per_token": speculative_ms,
       "speedup": baseline_ms / speculative_ms,
+      "baseline_setup_ms": 1e3 * seconds.baseline_setup / batches,
+      "speculative_setup_ms": 1e3 * seconds.speculative_setup / batches,
+      "speedup_after_setup": baseline_loop_ms / speculative_loop_ms,
       "c": costs.c,
       "target_step_ms": 1e3 * costs.target_step,
       "target_verify_ms": 1e3 * costs.target_verify,

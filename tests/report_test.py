@@ -17,6 +17,9 @@ _RESULTS = dict(
     baseline_ms_per_token=6.78,
     speculative_ms_per_token=7.42,
     speedup=6.78 / 7.42,
+    baseline_setup_ms=5.9,
+    speculative_setup_ms=6.1,
+    speedup_after_setup=0.88,
     c=0.015,
     target_step_ms=5.29,
     target_verify_ms=16.11,
@@ -45,6 +48,19 @@ class FormatResultsTest(absltest.TestCase):
     text = report.format_results(_RESULTS)
     self.assertIn(
         f"{'target (gamma+1)-token call / 1-token call':<45} 3.05", text
+    )
+
+  def test_setup_rows_follow_the_measured_speedup(self):
+    lines = report.format_results(_RESULTS).splitlines()
+    at = [line.split()[0] for line in lines].index("speedup")
+    self.assertEqual(lines[at], f"{'speedup (measured)':<45} 0.91x")
+    self.assertEqual(
+        lines[at + 1 : at + 4],
+        [
+            f"{'baseline set-up ms / batch (encoder, cache)':<45} 5.90",
+            f"{'speculative set-up ms / batch':<45} 6.10",
+            f"{'speedup after set-up':<45} 0.88x",
+        ],
     )
 
   def test_compute_bound_note(self):

@@ -187,6 +187,20 @@ class RunTest(parameterized.TestCase):
         places=9,
     )
     self.assertIn("  with the measured call costs", done.stdout)
+    # Each decoder's set-up (encoder and caches) timed alone: a part of
+    # what the decoder took per batch (5 examples in batches of 2).
+    after_setup = []
+    for name in ("baseline", "speculative"):
+      tokens = results[f"{name}_tokens"]
+      batch_ms = results[f"{name}_ms_per_token"] * tokens / 3
+      setup_ms = results[f"{name}_setup_ms"]
+      self.assertGreater(setup_ms, 0.0)
+      self.assertLess(setup_ms, batch_ms)
+      after_setup.append((batch_ms - setup_ms) / tokens)
+    self.assertAlmostEqual(
+        results["speedup_after_setup"], after_setup[0] / after_setup[1]
+    )
+    self.assertIn("speedup after set-up", done.stdout)
     # Where it ran, in the results and on the report's first line.
     self.assertEqual(results["machine"]["platform"], "cpu")
     self.assertEqual(results["machine"]["num_devices"], 8)

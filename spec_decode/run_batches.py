@@ -1,10 +1,11 @@
 """A run's batches through both decoders: timed, summed and written.
 
 `decode` runs the baseline and the speculative decoder on each batch of
-`compare.run`, times each, and each one's set-up alone (each the median of
-`timing_repeats`, after an untimed warm-up at each new input length), adds
-the batch's real rows to the run's totals and writes their outputs.jsonl
-records as the batch ends, so an interrupted run keeps the rows it decoded.
+`compare.run`, times each (the median of `timing_repeats`, after an untimed
+warm-up at each new input length), adds the batch's real rows to the run's
+totals and writes their outputs.jsonl records as the batch ends, so an
+interrupted run keeps the rows it decoded. Then it times each decoder's
+set-up alone on every batch.
 """
 
 import pathlib
@@ -99,43 +100,67 @@ def decode(
       raise _nonfinite_error(
           totals.nonfinite_rows, index * batch_size + num_real, output_dir
       )
+  seconds.baseline_setup, seconds.speculative_setup = _time_setups(
+      decoders,
+      batches,
+      timing_repeats,
+      gamma=speculative["gamma"],
+      max_decode_len=speculative["max_decode_len"],
+  )
   return totals, seconds
 
 
 def _decode_both(decoders, placed, rng, repeats, warm_up, **speculative):
-  """Both decoders on one batch, and each one's set-up alone, each timed.
-
-  Each time is the median of `repeats` runs.
+  """Both decoders on one batch, each timed (the median of `repeats`).
 
   Returns:
     ((baseline result, speculative result) on the host, the batch's
-    run_totals.Seconds).
+    run_totals.Seconds, its set-ups not yet timed).
   """
-  max_decode_len = speculative["max_decode_len"]
-  timed = lambda run: timing.timed(run, repeats, warm_up=warm_up)
-  base, base_seconds = timed(
-      lambda: decoders.baseline(
-          placed,
-          rng,
-          max_decode_len=max_decode_len,
-          config=speculative["config"],
-      )
+  common = dict(
+      max_decode_len=speculative["max_decode_len"],
+      config=speculative["config"],
   )
-  spec, spec_seconds = timed(
-      lambda: decoders.speculative(placed, rng, **speculative)
+  base, base_seconds = timing.timed(
+      lambda: decoders.baseline(placed, rng, **common),
+      repeats,
+      warm_up=warm_up,
   )
-  _, base_setup = timed(
-      lambda: decoders.baseline_setup(placed, max_decode_len=max_decode_len)
+  spec, spec_seconds = timing.timed(
+      lambda: decoders.speculative(placed, rng, **speculative),
+      repeats,
+      warm_up=warm_up,
   )
-  _, spec_setup = timed(
-      lambda: decoders.speculative_setup(
-          placed, gamma=speculative["gamma"], max_decode_len=max_decode_len
-      )
-  )
-  seconds = run_totals.Seconds(
-      base_seconds, spec_seconds, base_setup, spec_setup, batches=1
-  )
+  seconds = run_totals.Seconds(base_seconds, spec_seconds, batches=1)
   return jax.device_get((base, spec)), seconds
+
+
+def _time_setups(decoders, batches, repeats, *, gamma, max_decode_len):
+  """Each decoder's set-up alone, over every batch (compiled already).
+
+  Timed after all the decoding, so that no decoder's runs follow other
+  work than they would in a run that times no set-up.
+
+  Returns:
+    (baseline set-up seconds, speculative set-up seconds), each the sum over
+    the batches of their medians of `repeats`.
+  """
+  baseline = speculative = 0.0
+  for batch, _ in batches:
+    placed = decoders.place_inputs(inputs_lib.trim(batch))
+    baseline += timing.median_seconds(
+        lambda: decoders.baseline_setup(placed, max_decode_len=max_decode_len),
+        repeats,
+        warm_up=False,
+    )
+    speculative += timing.median_seconds(
+        lambda: decoders.speculative_setup(
+            placed, gamma=gamma, max_decode_len=max_decode_len
+        ),
+        repeats,
+        warm_up=False,
+    )
+  return baseline, speculative
 
 
 def _text(vocabulary, ids):

@@ -6,6 +6,7 @@ memory areas that hold a buffer, before and after.
 
 import os
 import platform
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -21,6 +22,8 @@ from spec_decode import pair
 from spec_decode import vocabulary  # pylint: disable=unused-import  (gin)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Calls of huge_pages.collapse before the test gives up on the kernel.
+_ATTEMPTS = 5
 
 
 def _kernel_collapses():
@@ -70,10 +73,17 @@ class CollapseTest(absltest.TestCase):
 
   def test_whole_pages_become_huge_and_values_stay(self):
     before = _huge_bytes(self.address, self.array.nbytes)
-    tree = huge_pages.collapse({"w": self.array, "step": 3})
-    after = _huge_bytes(self.address, self.array.nbytes)
     full = _full_pages(self.address, self.array.nbytes)
     self.assertGreaterEqual(full, 7)
+    # MADV_COLLAPSE fails when the kernel has no free 2 MiB page at that
+    # moment (once in CI, beside the other test process), and collapse then
+    # leaves the pages as they are; a later call may find them.
+    for _ in range(_ATTEMPTS):
+      tree = huge_pages.collapse({"w": self.array, "step": 3})
+      after = _huge_bytes(self.address, self.array.nbytes)
+      if after - before >= full * huge_pages.PAGE_BYTES:
+        break
+      time.sleep(0.5)
     self.assertGreaterEqual(after - before, full * huge_pages.PAGE_BYTES)
     self.assertIs(tree["w"], self.array)
     np.testing.assert_array_equal(np.asarray(self.array), self.expected)

@@ -17,16 +17,22 @@ batch size and gamma:
 - the same calls made in sequence, as an iteration makes them (draft chunk,
   draft steps, verify) in a jitted loop with nothing else, and the
   iteration's time over theirs: the loop's own work alone. Where two models
-  alternate, the sequence costs more than the sum of the calls timed alone:
-  each model's weights leave the CPU's caches while the other one runs.
+  alternate, the sequence can cost more than the sum of the calls timed
+  alone (README, "Loop overhead").
 
-Both decoders run greedily on the same inputs with EOS disabled, so every
-row emits max_decode_len tokens; "same tokens" is the fraction of tokens on
-which they agree (below 1 only where a (gamma + 1)-token pass and a
-one-token pass round a near-tie differently, e.g. under TF32 or bfloat16
-matmuls). The decoders and the call loops are timed in alternation, one run
-of each per round (`timing.interleaved_medians`), and the medians count, so
-that a shared machine's drift reaches every ratio alike.
+Both decoders run greedily on the same inputs. By default the inputs are
+random and EOS is disabled, so every row emits max_decode_len tokens. With
+--sentences=N (and --gin_file), they are the run config's first N inputs
+(its `read_inputs` and vocabulary) in batches of each batch size, with EOS
+on, as a run decodes them: each row stops at its EOS, an iteration is one
+of a batch's (its rows decode together until the last one stops), and "ms
+per token" is per such step of a batch. "same tokens" is the fraction of
+tokens on which the decoders agree (below 1 only where a (gamma + 1)-token
+pass and a one-token pass round a near-tie differently, e.g. under TF32 or
+bfloat16 matmuls). The decoders and the call loops are timed in
+alternation, one run of each per round (`timing.interleaved_medians`), and
+the medians count, so that a shared machine's drift reaches every ratio
+alike.
 
 Models: with --gin_file, the target and T5 draft of a run config (their
 checkpoints; the draft may be a shared-encoder one); without, the tiny T5
@@ -37,6 +43,8 @@ Usage:
   python benchmarks/loop_overhead.py --gin_file=configs/demo.gin \
       --batch_sizes=1,8 --gammas=4 --max_decode_len=128 \
       --output=benchmarks/results/loop_overhead_demo.json
+  python benchmarks/loop_overhead.py --gin_file=configs/demo.gin \
+      --batch_sizes=1 --gammas=3 --max_decode_len=64 --sentences=20
   python benchmarks/loop_overhead.py --batch_sizes=1,8 --max_decode_len=64
 """
 
@@ -53,6 +61,7 @@ from spec_decode import compare  # pylint: disable=unused-import (run configs)
 from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import gin_config
+from spec_decode import inputs as inputs_lib
 from spec_decode import pair
 from spec_decode import sampling
 from spec_decode import speculative
@@ -62,7 +71,15 @@ from spec_decode.models import t5
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
 _GAMMAS = flags.DEFINE_list("gammas", ["4"], "Draft lengths.")
 _MAX_DECODE_LEN = flags.DEFINE_integer("max_decode_len", 128, "Tokens per row.")
-_INPUT_LEN = flags.DEFINE_integer("input_len", 16, "Encoder input length.")
+_INPUT_LEN = flags.DEFINE_integer(
+    "input_len", 16, "Encoder input length of the random inputs."
+)
+_SENTENCES = flags.DEFINE_integer(
+    "sentences",
+    0,
+    "With --gin_file: decode the run config's first N inputs, EOS on, "
+    "instead of random inputs.",
+)
 _ROUNDS = flags.DEFINE_integer("rounds", 7, "Timed rounds; the median counts.")
 _CALLS = flags.DEFINE_integer("calls", 64, "Calls per timed model-call loop.")
 _MODEL_GIN = flags.DEFINE_string(
@@ -75,6 +92,8 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 # No token id is negative: the rows never stop early, so both decoders emit
 # max_decode_len tokens per row.
 _NO_EOS = -1
+# The longest input --sentences encodes; each batch is trimmed to its own.
+_MAX_SENTENCE_LEN = 512
 _GREEDY = sampling.SamplingConfig(temperature=0.0)
 
 
@@ -135,36 +154,66 @@ def _pair(target, draft, inputs, capacity):
   )
 
 
-def _runs(target, draft, batch_size, gamma, max_decode_len, calls):
-  """{name: run()}: both decoders, each call loop, and the call sequence."""
-  inputs = np.random.default_rng(0).integers(
-      2, target.config.vocab_size, (batch_size, _INPUT_LEN.value)
+def _sentence_batches(num_sentences, batch_size):
+  """int32 [B, S] batches of the run config's first inputs, each trimmed."""
+  # pylint: disable-next=g-import-not-at-top (seqio, TensorFlow)
+  from spec_decode import vocabulary
+
+  texts = inputs_lib.read_inputs()[:num_sentences]
+  encoded = inputs_lib.encode(
+      texts, vocabulary.bound_for_run(), _MAX_SENTENCE_LEN, truncate=True
   )
+  return [
+      inputs_lib.trim(batch)
+      for batch, _ in inputs_lib.batches(encoded.tokens, batch_size)
+  ]
+
+
+def _random_batch(vocab_size, batch_size):
+  """int32 [B, --input_len] random token ids."""
+  return np.random.default_rng(0).integers(
+      2, vocab_size, (batch_size, _INPUT_LEN.value)
+  )
+
+
+def _runs(target, draft, batches, gamma, max_decode_len, calls, eos_id):
+  """{name: run()}: both decoders over `batches`, each call loop (on the
+  first batch's caches), and the call sequence."""
   capacity = max_decode_len + gamma + 1
-  baseline = drafts.t5_draft(
-      target.model, target.params, inputs, max_decode_len
-  )
-  verifier, proposer = _pair(target, draft, inputs, capacity)
+  decoders = [  # (baseline, verifier, proposer) per batch
+      (
+          drafts.t5_draft(target.model, target.params, inputs, max_decode_len),
+          *_pair(target, draft, inputs, capacity),
+      )
+      for inputs in batches
+  ]
+  baseline, verifier, proposer = decoders[0]
   position = max_decode_len // 2
-  run_baseline = lambda: decoding.autoregressive_decode(
-      baseline.decode_fn,
-      baseline.cache,
-      jax.random.key(0),
-      max_decode_len=max_decode_len,
-      eos_id=_NO_EOS,
-      config=_GREEDY,
-  )
-  run_speculative = lambda: speculative.speculative_decode(
-      verifier.decode_fn,
-      proposer.decode_fn,
-      verifier.cache,
-      proposer.cache,
-      jax.random.key(0),
-      gamma=gamma,
-      max_decode_len=max_decode_len,
-      eos_id=_NO_EOS,
-      config=_GREEDY,
-  )
+  run_baseline = lambda: [
+      decoding.autoregressive_decode(
+          base.decode_fn,
+          base.cache,
+          jax.random.key(0),
+          max_decode_len=max_decode_len,
+          eos_id=eos_id,
+          config=_GREEDY,
+      )
+      for base, _, _ in decoders
+  ]
+  run_speculative = lambda: [
+      speculative.speculative_decode(
+          ver.decode_fn,
+          prop.decode_fn,
+          ver.cache,
+          prop.cache,
+          jax.random.key(0),
+          gamma=gamma,
+          max_decode_len=max_decode_len,
+          eos_id=eos_id,
+          config=_GREEDY,
+      )
+      for _, ver, prop in decoders
+  ]
   return {
       "baseline": run_baseline,
       "speculative": run_speculative,
@@ -192,41 +241,54 @@ def _runs(target, draft, batch_size, gamma, max_decode_len, calls):
   }
 
 
-def measure(target, draft, batch_size, gamma, max_decode_len, rounds, calls):
+def measure(target, draft, batches, gamma, max_decode_len, rounds, calls):
   """One point: the decoders' and their calls' times, and their ratios.
 
   Args:
     target: a pair.LoadedModel.
     draft: a pair.LoadedModel, or None for the target as its own draft.
-    batch_size, gamma, max_decode_len: the decoding setting.
+    batches: int32 [B, S] input batches; one random batch (EOS off), or the
+      run config's sentences (EOS on).
+    gamma, max_decode_len: the decoding setting.
     rounds: timed rounds (`timing.interleaved_medians`).
     calls: calls per timed call loop.
 
   Returns:
     A dict of the point's numbers (times in ms).
   """
-  runs = _runs(target, draft, batch_size, gamma, max_decode_len, calls)
+  eos_id = inputs_lib.EOS_ID if _SENTENCES.value else _NO_EOS
+  runs = _runs(target, draft, batches, gamma, max_decode_len, calls, eos_id)
   seconds = timing.interleaved_medians(runs, rounds)
   ms = {name: 1e3 * value for name, value in seconds.items()}
   for name in ("step", "verify", "draft_chunk", "draft_step", "sequence"):
     ms[name] /= calls
-  result = runs["speculative"]()
-  iterations = int(np.max(np.asarray(result.target_calls)))
-  expected = runs["baseline"]().sequences
-  same = np.asarray(result.sequences) == np.asarray(expected)
+  results = jax.device_get(runs["speculative"]())
+  expected = jax.device_get(runs["baseline"]())
+  # A batch decodes until its last row stops: its longest row's count.
+  iterations = sum(int(np.max(result.target_calls)) for result in results)
+  steps = sum(int(np.max(result.lengths)) for result in expected)
+  same = np.concatenate(
+      [
+          (result.sequences == base.sequences).ravel()
+          for result, base in zip(results, expected)
+      ]
+  )
   iteration_calls = ms["verify"] + ms["draft_chunk"]
   iteration_calls += (gamma - 1) * ms["draft_step"]
   speculative_iteration = ms["speculative"] / iterations
   return {
-      "batch_size": batch_size,
+      "batch_size": batches[0].shape[0],
       "gamma": gamma,
-      "baseline_ms_per_token": ms["baseline"] / max_decode_len,
-      "speculative_ms_per_token": ms["speculative"] / max_decode_len,
+      "sentences": _SENTENCES.value,
+      "baseline_ms_per_token": ms["baseline"] / steps,
+      "speculative_ms_per_token": ms["speculative"] / steps,
       "speedup": ms["baseline"] / ms["speculative"],
       "tokens_per_target_call": float(
-          np.sum(np.asarray(result.lengths)) / np.sum(result.target_calls)
+          sum(np.sum(result.lengths) for result in results)
+          / sum(np.sum(result.target_calls) for result in results)
       ),
       "iterations": iterations,
+      "steps": steps,
       "step_ms": ms["step"],
       "verify_ms": ms["verify"],
       "draft_chunk_ms": ms["draft_chunk"],
@@ -240,16 +302,26 @@ def measure(target, draft, batch_size, gamma, max_decode_len, rounds, calls):
       "call_sequence_ms": ms["sequence"],
       "speculative_iteration_over_sequence": speculative_iteration
       / ms["sequence"],
-      "baseline_iteration_over_step": ms["baseline"]
-      / max_decode_len
-      / ms["step"],
+      "baseline_iteration_over_step": ms["baseline"] / steps / ms["step"],
       "same_tokens": float(np.mean(same)),
   }
+
+
+def _batches(target, batch_size):
+  """The point's input batches: the run's sentences, or one random batch."""
+  if _SENTENCES.value:
+    return _sentence_batches(_SENTENCES.value, batch_size)
+  return [_random_batch(target.config.vocab_size, batch_size)]
 
 
 def main(argv):
   with cli.one_line_errors():
     cli.start(argv)
+    if _SENTENCES.value < 0 or (_SENTENCES.value and not cli.GIN_FILES.value):
+      raise ValueError(
+          "--sentences takes a count >= 0, and a run config (--gin_file) "
+          f"whose inputs to decode; got --sentences={_SENTENCES.value}"
+      )
     description, target, draft = _models()
   max_decode_len, rounds = _MAX_DECODE_LEN.value, _ROUNDS.value
   print(f"device: {jax.devices()[0].device_kind}, models: {description}")
@@ -264,7 +336,7 @@ def main(argv):
       point = measure(
           target,
           draft,
-          batch_size,
+          _batches(target, batch_size),
           gamma,
           max_decode_len,
           rounds,
@@ -292,6 +364,7 @@ def main(argv):
               "device": jax.devices()[0].device_kind,
               "models": description,
               "max_decode_len": max_decode_len,
+              "sentences": _SENTENCES.value,
               "rounds": rounds,
               "points": points,
           },

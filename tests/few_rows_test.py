@@ -43,8 +43,10 @@ class FewRowsTest(parameterized.TestCase):
   @parameterized.product(
       rows=(1, 2, 3, 5, 7, 8, 13, 16),
       # K: a multiple of 16, 8 but not 16, and a scalar tail; N crosses the
-      # 64-row chunks the threads claim.
-      k_n=((512, 130), (24, 64), (13, 3), (1, 1)),
+      # 64-row chunks the threads claim. Products of 256K weights or more
+      # (512 x 520) are split over the kernel's threads, smaller ones run on
+      # the calling thread alone.
+      k_n=((512, 520), (512, 130), (24, 64), (13, 3), (1, 1)),
   )
   def test_matches_float64(self, rows, k_n):
     k, n = k_n
@@ -68,8 +70,10 @@ class FewRowsTest(parameterized.TestCase):
 
   def test_a_row_is_the_same_alone_and_among_others(self):
     # The summation order is fixed: a decode step's row and the same row in
-    # a verification call get bit-identical sums, and so do repeated calls.
-    x, w = _operands((few_rows.MAX_ROWS,), 512, 200)
+    # a verification call get bit-identical sums, and so do repeated calls,
+    # whichever of the kernel's threads computes them (600 x 512 weights are
+    # split over them).
+    x, w = _operands((few_rows.MAX_ROWS,), 512, 600)
     product = jax.jit(few_rows.product)
     together = np.asarray(product(x, w))
     np.testing.assert_array_equal(np.asarray(product(x, w)), together)
@@ -170,17 +174,20 @@ class BuildTest(absltest.TestCase):
 
   def test_a_forked_child_has_its_own_workers(self):
     # The parent's worker threads do not exist in a forked child: its first
-    # product of several rows must start workers of its own, not wait on the
-    # parent's forever.
+    # product of several rows (4096 x 64 weights, enough to be split) must
+    # start workers of its own, not wait on the parent's forever.
     script = (
         "import os, numpy as np, jax\n"
         "from spec_decode.kernels import few_rows\n"
-        "x = np.ones((5, 64), np.float32); w = np.ones((300, 64), np.float32)\n"
+        "x = np.ones((5, 64), np.float32)\n"
+        "w = np.ones((4096, 64), np.float32)\n"
         "product = jax.jit(few_rows.product)\n"
-        "assert few_rows.available() and float(product(x, w)[4, 299]) == 64\n"
+        "assert few_rows.available() and float(product(x, w)[4, 4095]) == 64\n"
+        # Placed before the fork: placing the 1 MB w in the child hung it.
+        "x, w = jax.block_until_ready(jax.device_put((x + 1, w)))\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
-        "  ok = float(np.asarray(product(x + 1, w)).sum()) == 5 * 300 * 128\n"
+        "  ok = float(np.asarray(product(x, w)).sum()) == 5 * 4096 * 128\n"
         "  os._exit(0 if ok else 3)\n"
         "_, status = os.waitpid(pid, 0)\n"
         "print('child', os.waitstatus_to_exitcode(status))\n"

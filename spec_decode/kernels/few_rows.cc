@@ -16,9 +16,10 @@
 // of k, then a fixed lane reduction. So a row's result is bit-identical
 // whether it is computed alone (a decode step) or among others (verification).
 //
-// Every product, a single row's too, is split over chunks of weight rows
-// among the threads of spin_pool.h, whose workers spin between products: one
-// core streams the weights from DRAM slower than two. On a 2-core Zen 4 EPYC
+// Every product of kSmallWeights weights or more, a single row's too, is
+// split over chunks of weight rows among the threads of spin_pool.h, whose
+// workers spin between products: one core streams the weights from DRAM
+// slower than two. On a 2-core Zen 4 EPYC
 // (32 MiB L3), the parameters on 2 MiB pages, the demo target's 1-token call
 // took 1.75-1.80 ms so, against 2.95-3.05 ms on the calling thread alone
 // (benchmarks/loop_overhead.py, the two run in turn). With OpenMP's threads,
@@ -42,6 +43,14 @@ constexpr int64_t kLanes = 8;
 constexpr int64_t kMaxGroup = 6;
 // Weight rows a thread takes at once.
 constexpr int64_t kChunkRows = 64;
+// Products of fewer weights than this run on the calling thread alone: a
+// worker that joins them costs more than it saves. The demo's 1.8M draft,
+// whose products are 64-256 KB but for its 2 MB logits, runs in the kernel
+// so (README, "A tenth session"): in the speculative loop, on a 2-core Zen 4
+// EPYC, 0.976 and 0.974 of the time with its products in XLA (two A/Bs in
+// one process, 20 and 30 sentences). Split over the pool too, they had been
+// slower than in XLA. The demo target's smallest products hold 256K weights.
+constexpr int64_t kSmallWeights = 256 * 1024;
 // How many weight rows ahead a pass over several activation rows prefetches.
 // The hardware prefetcher alone lets the multiplications delay the stream:
 // on one Zen 2 core a 512x512 product of 5 rows then cost 1.58 one-row
@@ -164,7 +173,11 @@ ffi::Error FewRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
   }
   const Product product{x.typed_data(), w.typed_data(), out->typed_data(),
                         M, N, K};
-  spin_pool::Shared().Run(ProductShare, &product);
+  if (N * K < kSmallWeights) {
+    ProductShare(&product);
+  } else {
+    spin_pool::Shared().Run(ProductShare, &product);
+  }
   return ffi::Error::Success();
 }
 

@@ -4,6 +4,8 @@ The pages are read back from /proc/self/smaps: the AnonHugePages of the
 memory areas that hold a buffer, before and after.
 """
 
+import ctypes
+import errno
 import os
 import platform
 import time
@@ -76,7 +78,7 @@ class CollapseTest(absltest.TestCase):
     full = _full_pages(self.address, self.array.nbytes)
     self.assertGreaterEqual(full, 7)
     # MADV_COLLAPSE fails when the kernel has no free 2 MiB page at that
-    # moment (once in CI, beside the other test process), and collapse then
+    # moment (twice in CI, beside the other test process), and collapse then
     # leaves the pages as they are; a later call may find them.
     for _ in range(_ATTEMPTS):
       tree = huge_pages.collapse({"w": self.array, "step": 3})
@@ -84,9 +86,25 @@ class CollapseTest(absltest.TestCase):
       if after - before >= full * huge_pages.PAGE_BYTES:
         break
       time.sleep(0.5)
+    else:
+      self._skip_if_no_free_huge_page()
     self.assertGreaterEqual(after - before, full * huge_pages.PAGE_BYTES)
     self.assertIs(tree["w"], self.array)
     np.testing.assert_array_equal(np.asarray(self.array), self.expected)
+
+  def _skip_if_no_free_huge_page(self):
+    """Skips when the kernel says it has no 2 MiB page to give (EAGAIN or
+    ENOMEM): then collapse cannot be seen to work, though it did its part.
+    Any other outcome leaves the test to fail."""
+    page = -(-self.address // huge_pages.PAGE_BYTES) * huge_pages.PAGE_BYTES
+    madvise = huge_pages._madvise()  # pylint: disable=protected-access
+    collapse = huge_pages._MADV_COLLAPSE  # pylint: disable=protected-access
+    if madvise(page, huge_pages.PAGE_BYTES, collapse) != 0:
+      error = ctypes.get_errno()
+      if error in (errno.EAGAIN, errno.ENOMEM):
+        self.skipTest(
+            f"MADV_COLLAPSE: {os.strerror(error)} (no free 2 MiB page now)"
+        )
 
   def test_disabled_leaves_the_pages(self):
     before = _huge_bytes(self.address, self.array.nbytes)

@@ -96,15 +96,18 @@ class CollapseTest(absltest.TestCase):
     """Skips when the kernel says it has no 2 MiB page to give (EAGAIN or
     ENOMEM): then collapse cannot be seen to work, though it did its part.
     Any other outcome leaves the test to fail."""
-    page = -(-self.address // huge_pages.PAGE_BYTES) * huge_pages.PAGE_BYTES
+    first = -(-self.address // huge_pages.PAGE_BYTES)
     madvise = huge_pages._madvise()  # pylint: disable=protected-access
     collapse = huge_pages._MADV_COLLAPSE  # pylint: disable=protected-access
-    if madvise(page, huge_pages.PAGE_BYTES, collapse) != 0:
-      error = ctypes.get_errno()
-      if error in (errno.EAGAIN, errno.ENOMEM):
-        self.skipTest(
-            f"MADV_COLLAPSE: {os.strerror(error)} (no free 2 MiB page now)"
-        )
+    for page in range(
+        first, first + _full_pages(self.address, self.array.nbytes)
+    ):
+      if madvise(page * huge_pages.PAGE_BYTES, huge_pages.PAGE_BYTES, collapse):
+        error = ctypes.get_errno()
+        if error in (errno.EAGAIN, errno.ENOMEM):
+          self.skipTest(
+              f"MADV_COLLAPSE: {os.strerror(error)} (no free 2 MiB page now)"
+          )
 
   def test_disabled_leaves_the_pages(self):
     before = _huge_bytes(self.address, self.array.nbytes)

@@ -51,16 +51,22 @@ constexpr int64_t kChunkRows = 64;
 // one process, 20 and 30 sentences). Split over the pool too, they had been
 // slower than in XLA. The demo target's smallest products hold 256K weights.
 constexpr int64_t kSmallWeights = 256 * 1024;
-// How many weight rows ahead a pass over several activation rows prefetches.
-// The hardware prefetcher alone lets the multiplications delay the stream:
-// on one Zen 2 core a 512x512 product of 5 rows then cost 1.58 one-row
-// products, and 1.04 with this prefetch. A single row streams about 1.1x
-// faster without it, so only passes over two rows or more prefetch. The
-// prefetch is non-temporal (locality 0): weights read once per call then
-// displace less of what stays cached between calls, and the demo target's
-// 5-token call took 5.5-5.8 ms in the speculative loop against 6.1-6.2 with
-// a temporal prefetch (benchmarks/loop_overhead.py, alternate runs).
-constexpr int64_t kPrefetchRows = 2;
+// How far ahead of its loads a pass over several activation rows prefetches
+// the weights, in floats (1 KB). The hardware prefetcher alone lets the
+// multiplications delay the stream: on one Zen 2 core a 512x512 product of 5
+// rows then cost 1.58 one-row products, and 1.04 with a prefetch. A single
+// row streams about 1.1x faster without it, so only passes over two rows or
+// more prefetch. The prefetch is non-temporal (locality 0): weights read once
+// per call then displace less of what stays cached between calls, and the
+// demo target's 5-token call took 5.5-5.8 ms in the speculative loop against
+// 6.1-6.2 with a temporal prefetch (benchmarks/loop_overhead.py, alternate
+// runs). A fixed distance, not a number of weight rows: two rows ahead (4 KB
+// for the 512-wide rows, 16 KB for the 2048-wide) made the demo target's
+// products of 4 rows cost 5.32-5.40 ms against 4.76-4.88 at 1 KB, on a 2-core
+// Zen 3 EPYC (a C harness of its decoder's products, every distance timed in
+// turn); 1 row cost 3.9-4.3 ms at any distance (README, "An eleventh
+// session").
+constexpr int64_t kPrefetchFloats = 256;
 
 inline Vec Load(const float* p) {
   Vec v;
@@ -87,7 +93,7 @@ void GroupTimesRows(const float* x, const float* w, float* out, int64_t N,
     for (int g = 0; g < G; ++g) even[g] = odd[g] = Vec{};
     for (int64_t k = 0; k < k16; k += 16) {
       // 16 floats are one cache line.
-      if (G > 1) __builtin_prefetch(wn + kPrefetchRows * K + k, 0, 0);
+      if (G > 1) __builtin_prefetch(wn + kPrefetchFloats + k, 0, 0);
       const Vec w0 = Load(wn + k), w1 = Load(wn + k + 8);
       for (int g = 0; g < G; ++g) {
         even[g] += Load(x + g * K + k) * w0;

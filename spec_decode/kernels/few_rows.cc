@@ -62,10 +62,10 @@ constexpr int64_t kSmallWeights = 256 * 1024;
 // 6.1-6.2 with a temporal prefetch (benchmarks/loop_overhead.py, alternate
 // runs). A fixed distance, not a number of weight rows: two rows ahead (4 KB
 // for the 512-wide rows, 16 KB for the 2048-wide) made the demo target's
-// products of 4 rows cost 5.32-5.40 ms against 4.76-4.88 at 1 KB, on a 2-core
+// products of 4 rows cost 5.32-5.82 ms against 4.76-5.16 at 1 KB, on a 2-core
 // Zen 3 EPYC (a C harness of its decoder's products, every distance timed in
-// turn); 1 row cost 3.9-4.3 ms at any distance (README, "An eleventh
-// session").
+// turn, three runs); 1 row cost about the same at every distance (README,
+// "An eleventh session").
 constexpr int64_t kPrefetchFloats = 256;
 
 inline Vec Load(const float* p) {

@@ -87,21 +87,20 @@ class CollapseTest(absltest.TestCase):
         break
       time.sleep(0.5)
     else:
-      self._skip_if_no_free_huge_page()
+      self._skip_if_no_free_huge_page(full)
     self.assertGreaterEqual(after - before, full * huge_pages.PAGE_BYTES)
     self.assertIs(tree["w"], self.array)
     np.testing.assert_array_equal(np.asarray(self.array), self.expected)
 
-  def _skip_if_no_free_huge_page(self):
+  def _skip_if_no_free_huge_page(self, full):
     """Skips when the kernel says it has no 2 MiB page to give (EAGAIN or
-    ENOMEM): then collapse cannot be seen to work, though it did its part.
-    Any other outcome leaves the test to fail."""
+    ENOMEM) for one of the buffer's `full` whole pages: then collapse cannot
+    be seen to work, though it did its part. Any other outcome leaves the
+    test to fail."""
     first = -(-self.address // huge_pages.PAGE_BYTES)
     madvise = huge_pages._madvise()  # pylint: disable=protected-access
     collapse = huge_pages._MADV_COLLAPSE  # pylint: disable=protected-access
-    for page in range(
-        first, first + _full_pages(self.address, self.array.nbytes)
-    ):
+    for page in range(first, first + full):
       if madvise(page * huge_pages.PAGE_BYTES, huge_pages.PAGE_BYTES, collapse):
         error = ctypes.get_errno()
         if error in (errno.EAGAIN, errno.ENOMEM):

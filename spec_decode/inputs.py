@@ -209,20 +209,32 @@ def batches(tokens, batch_size):
     yield batch, num_real
 
 
+def padded_length(longest):
+  """The least 2^k or 3 * 2^(k-1) that holds `longest`: at most half again."""
+  power = 1 << (longest - 1).bit_length()  # the least power of two >= longest
+  three_quarters = 3 * power // 4
+  return three_quarters if power >= 4 and three_quarters >= longest else power
+
+
 def trim(batch, minimum=8):
-  """Drops the padding columns every row has, to a power-of-two length.
+  """Drops the padding columns every row has, to a length in 1.5x steps.
 
   The encoder then runs on about the batch's own length rather than
-  max_input_len, and cross-attention reads that many keys; powers of two
-  bound the number of shapes (compilations) to a few.
+  max_input_len, and cross-attention reads that many keys. Lengths 8, 12,
+  16, 24, 32, 48, 64, ... bound the number of shapes (compilations) to two
+  an octave, and the padding to half the longest row. Powers of two had
+  padded the demo's 100 test inputs (23.5 tokens on average) to 32.6
+  columns, these pad them to 26.9: on a 2-core Zen 3 EPYC the demo's set-up
+  took 12.6 ms a sentence against 15.1 (medians of four runs each, in turn;
+  README, "A twelfth session").
 
   Args:
     batch: int32 [B, S] tokens, 0 for padding.
     minimum: the shortest length kept.
 
   Returns:
-    int32 [B, S'], S' = min(S, the least power of two >= the longest row and
+    int32 [B, S'], S' = min(S, `padded_length` of the longest row and
     `minimum`).
   """
   longest = max(int(np.max(np.sum(batch > 0, axis=1))), minimum)
-  return batch[:, : min(batch.shape[1], 1 << (longest - 1).bit_length())]
+  return batch[:, : min(batch.shape[1], padded_length(longest))]

@@ -36,17 +36,27 @@ class ReadTextTest(absltest.TestCase):
 
 class TrimTest(absltest.TestCase):
 
-  def test_keeps_the_longest_row_rounded_up_to_a_power_of_two(self):
+  def test_keeps_the_longest_row_rounded_up_in_steps_of_one_and_a_half(self):
     batch = np.zeros((3, 64), np.int32)
     batch[0, :5] = 7
-    batch[1, :17] = 7  # The longest row: 17 tokens -> 32 columns.
+    batch[1, :17] = 7  # The longest row: 17 tokens -> 24 columns.
     trimmed = inputs.trim(batch)
-    self.assertEqual(trimmed.shape, (3, 32))
-    np.testing.assert_array_equal(trimmed, batch[:, :32])
+    self.assertEqual(trimmed.shape, (3, 24))
+    np.testing.assert_array_equal(trimmed, batch[:, :24])
     self.assertEqual(inputs.trim(batch[:, :16]).shape, (3, 16))
     self.assertEqual(inputs.trim(batch[[0, 2]]).shape, (2, 8))
-    self.assertEqual(inputs.trim(batch[[0, 2]], minimum=1).shape, (2, 8))
-    self.assertEqual(inputs.trim(batch[[0, 2]], minimum=3).shape, (2, 8))
+    self.assertEqual(inputs.trim(batch[[0, 2]], minimum=1).shape, (2, 6))
+    self.assertEqual(inputs.trim(batch[[0, 2]], minimum=7).shape, (2, 8))
+
+  def test_padded_lengths_are_powers_of_two_and_three_halves_of_them(self):
+    lengths = [inputs.padded_length(n) for n in range(1, 130)]
+    self.assertEqual(
+        sorted(set(lengths)),
+        [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192],
+    )
+    for n, length in zip(range(1, 130), lengths):
+      self.assertGreaterEqual(length, n)
+      self.assertLessEqual(2 * length, 3 * n)  # at most half again
 
   def test_never_longer_than_the_batch(self):
     batch = np.full((2, 12), 7, np.int32)

@@ -253,14 +253,42 @@ def empty_cache(model, params, encoded, encoder_input_tokens, max_length):
     max_length: the cache's capacity, in decoder positions.
 
   Returns:
-    The decode_cache.DecodeCache.
+    The decode_cache.DecodeCache, its cross-attention keys padded to the
+    least power of two >= S (`keys_in_octaves`).
   """
+  encoded, encoder_input_tokens = keys_in_octaves(encoded, encoder_input_tokens)
   return model.apply(
       {"params": params},
       encoded,
       encoder_input_tokens,
       max_length,
       method=t5.Transformer.init_cache,
+  )
+
+
+def keys_in_octaves(encoded, encoder_input_tokens):
+  """An encoding and its tokens, zero-padded to the least power of two >= S.
+
+  `inputs.trim` cuts a batch to 2^k or 3 * 2^(k-1) columns, so that the
+  encoder runs on little padding; the caches take only the powers of two,
+  so that the decode loops, which compile for each cache shape, compile
+  once an octave as before. The padding is masked like the inputs' own
+  (its tokens are 0), so every cross-attention reads the same keys.
+
+  Args:
+    encoded: [B, S, E] an encoding.
+    encoder_input_tokens: int32 [B, S] its inputs, 0 for padding.
+
+  Returns:
+    ([B, S', E], int32 [B, S']), S' the least power of two >= S.
+  """
+  length = encoder_input_tokens.shape[1]
+  pad = (1 << (length - 1).bit_length()) - length
+  if not pad:
+    return encoded, encoder_input_tokens
+  return (
+      jnp.pad(encoded, ((0, 0), (0, pad), (0, 0))),  # [B, S', E]
+      jnp.pad(encoder_input_tokens, ((0, 0), (0, pad))),  # [B, S']
   )
 
 

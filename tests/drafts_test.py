@@ -124,10 +124,6 @@ class DraftsInspectedTest(absltest.TestCase):
     self.assertTrue(np.isin(sequences, [4, 5]).any())
 
 
-if __name__ == "__main__":
-  absltest.main()
-
-
 class T5PairTest(absltest.TestCase):
   """`t5_pair` sets up each kind of T5 draft as its own function does."""
 
@@ -169,3 +165,47 @@ class T5PairTest(absltest.TestCase):
         else:
           expected_draft = drafts.t5_draft(model, params, inputs, 9)
         self._check(pair, (expected_target, expected_draft), tokens)
+
+
+class KeysInOctavesTest(absltest.TestCase):
+  """A cache holds a power of two of keys, whatever the inputs' length."""
+
+  def test_padded_keys_are_masked_and_change_no_logit(self):
+    config = fake_models.tiny_t5(97)
+    model = t5.Transformer(config)
+    params = t5.init_params(config, jax.random.key(0))
+    inputs = np.array([[5, 9, 3, 8, 1, 0], [7, 2, 1, 0, 0, 0]], np.int32)
+    cache = drafts.t5_cache(model, params, inputs, 9)
+    self.assertEqual(cache.encoder_mask.shape, (2, 8))
+    np.testing.assert_array_equal(cache.encoder_mask[:, 6:], False)
+    for keys, values in zip(cache.cross_keys, cache.cross_values):
+      self.assertEqual(keys.shape[-1], 8)  # [B, H, D, S']
+      self.assertEqual(values.shape[-2], 8)  # [B, H, S', D]
+    encoded = model.apply(
+        {"params": params}, inputs, method=t5.Transformer.encode
+    )  # [B, 6, E]
+    unpadded = model.apply(
+        {"params": params},
+        encoded,
+        inputs,
+        9,
+        method=t5.Transformer.init_cache,
+    )
+    decode_fn = t5.make_decode_fn(model, params)
+    tokens = jnp.array([[0, 4, 11], [0, 6, 2]], jnp.int32)
+    np.testing.assert_allclose(
+        decode_fn(tokens, cache)[0],
+        decode_fn(tokens, unpadded)[0],
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+  def test_powers_of_two_are_left_alone(self):
+    encoded, tokens = jnp.ones((2, 8, 3)), jnp.ones((2, 8), jnp.int32)
+    padded = drafts.keys_in_octaves(encoded, tokens)
+    self.assertIs(padded[0], encoded)
+    self.assertIs(padded[1], tokens)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -9,8 +9,9 @@ Timing is honest: both decoders run on the same batches with the same
 max_decode_len, each compiled and warmed up first; a batch's time is the median
 of `timing_repeats` runs and covers encoding, cache set-up and the loop; ms per
 token divides by the tokens each decoder emitted. Each batch is cut to its
-longest input (rounded up to 2^k or 3 * 2^(k-1) columns,
-`inputs.trim`), for both decoders alike.
+longest input (rounded up to 2^k or 3 * 2^(k-1) columns, `inputs.trim`; the
+caches' keys to a power of two, `drafts.keys_in_octaves`), for both decoders
+alike.
 
 Both decoders run on the mesh of `partitioning.make_mesh` (gin-configurable):
 parameters are loaded sharded, rows are split over its 'data' axis, and on

@@ -223,7 +223,7 @@ def trim(batch, minimum=8):
   max_input_len: lengths 8, 12, 16, 24, 32, 48, 64, ... pad it by at most
   half the longest row. Powers of two had padded the demo's 100 test
   inputs (23.5 tokens on average) to 32.6 columns, these pad them to 26.9:
-  on a 2-core Zen 3 EPYC the demo's set-up took 12.6 ms a sentence against
+  on a 2-core Zen 3 EPYC the demo's set-up took 12.9 ms a sentence against
   15.1 (medians of four runs each, in turn; README, "A twelfth session").
   The caches hold the least power of two of keys >= S'
   (`drafts.keys_in_octaves`), so the decode loops compile once an octave.

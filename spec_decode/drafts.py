@@ -273,7 +273,10 @@ def keys_in_octaves(encoded, encoder_input_tokens):
   encoder runs on little padding; the caches take only the powers of two,
   so that the decode loops, which compile for each cache shape, compile
   once an octave as before. The padding is masked like the inputs' own
-  (its tokens are 0), so every cross-attention reads the same keys.
+  (its tokens are 0), so every cross-attention reads the same keys. Where
+  max_input_len is no power of two, a full-length batch's cache then holds
+  more keys than it has input positions (256 for 192), where it held as
+  many before; `memory_plan` counts them.
 
   Args:
     encoded: [B, S, E] an encoding.

@@ -81,9 +81,10 @@ class NeededBytesTest(GinTestCase):
     )
     kv = config.num_heads * config.head_dim * 4  # float32 bytes per position
     layers = config.num_decoder_layers
+    keys = 8  # 7 input positions hold 8 keys (drafts.keys_in_octaves)
     self.assertEqual(
         compiled_costs.needed_cache_bytes(cache, filled),
-        2 * layers * batch * (filled + input_len) * kv,
+        2 * layers * batch * (filled + keys) * kv,
     )
 
 

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import decoding
+from spec_decode import inputs as inputs_lib
 from spec_decode.models import decode_cache
 from spec_decode.models import t5
 
@@ -286,7 +287,7 @@ def keys_in_octaves(encoded, encoder_input_tokens):
     ([B, S', E], int32 [B, S']), S' the least power of two >= S.
   """
   length = encoder_input_tokens.shape[1]
-  pad = (1 << (length - 1).bit_length()) - length
+  pad = inputs_lib.octave(length) - length
   if not pad:
     return encoded, encoder_input_tokens
   return (

@@ -209,9 +209,14 @@ def batches(tokens, batch_size):
     yield batch, num_real
 
 
+def octave(length):
+  """The least power of two >= `length` (>= 1): the caches' key counts."""
+  return 1 << (length - 1).bit_length()
+
+
 def padded_length(longest):
   """The least 2^k or 3 * 2^(k-1) that holds `longest`: at most half again."""
-  power = 1 << (longest - 1).bit_length()  # the least power of two >= longest
+  power = octave(longest)
   three_quarters = 3 * power // 4
   return three_quarters if power >= 4 and three_quarters >= longest else power
 

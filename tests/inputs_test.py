@@ -58,6 +58,12 @@ class TrimTest(absltest.TestCase):
       self.assertGreaterEqual(length, n)
       self.assertLessEqual(2 * length, 3 * n)  # at most half again
 
+  def test_octaves_are_the_least_powers_of_two(self):
+    self.assertEqual(
+        [inputs.octave(n) for n in (1, 2, 3, 4, 5, 24, 32, 33, 192)],
+        [1, 2, 4, 4, 8, 32, 32, 64, 256],
+    )
+
   def test_never_longer_than_the_batch(self):
     batch = np.full((2, 12), 7, np.int32)
     self.assertEqual(inputs.trim(batch).shape, (2, 12))

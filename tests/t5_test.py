@@ -183,6 +183,24 @@ class ParamTreeTest(absltest.TestCase):
     self.assertNotIn("logits_dense", shapes["decoder"])
     self.assertEqual(set(shapes["encoder"]["layers_0"]["mlp"]), {"wi", "wo"})
 
+  def test_trees_are_traced_once_a_config_and_are_callers_own(self):
+    config = dataclasses.replace(_config("t5_1_1"), emb_dim=24)
+    misses = t5._abstract_variables.cache_info().misses
+    shapes = t5.param_shapes(config)
+    axes = t5.param_logical_axes(config)
+    self.assertEqual(t5._abstract_variables.cache_info().misses, misses + 1)
+    # A caller that changes its tree changes no other caller's.
+    del shapes["encoder"]
+    axes["decoder"]["logits_dense"]["kernel"] = None
+    self.assertIn("encoder", t5.param_shapes(config))
+    self.assertEqual(
+        tuple(
+            t5.param_logical_axes(config)["decoder"]["logits_dense"]["kernel"]
+        ),
+        ("embed", "vocab"),
+    )
+    self.assertEqual(t5._abstract_variables.cache_info().misses, misses + 1)
+
 
 class LogitsDtypeTest(parameterized.TestCase):
   """Float32 logits from bfloat16 weights, with no float32 copy of them."""

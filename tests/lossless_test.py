@@ -161,7 +161,8 @@ def _assert_follows(test, result, distribution):
   num_samples = len(result.lengths)
   test.assertAlmostEqual(sum(distribution.values()), 1.0, places=5)
   counts = dict.fromkeys(distribution, 0)
-  for row, length in zip(np.asarray(result.sequences), result.lengths):
+  lengths = np.asarray(result.lengths)  # Not 20,000 device scalars.
+  for row, length in zip(np.asarray(result.sequences), lengths):
     counts[tuple(row[:length])] += 1  # A KeyError is an impossible outcome.
   outcomes = sorted(distribution, key=distribution.get)
   observed = np.array([counts[outcome] for outcome in outcomes])

@@ -1,16 +1,23 @@
-"""Test set-up: 8 simulated CPU devices, and one compilation cache.
+"""Test set-up: 8 simulated CPU devices, one scratch directory, one cache.
 
 XLA reads the device flag once, when JAX's CPU backend starts, so it is set
 here, before any test module imports JAX. Tests that do not shard run on
 device 0.
 
+Every temporary file of a pytest run lands in one scratch directory, made
+when the run starts and removed when it exits: the tests' own, and those of
+the CLIs, notebook kernels, pip builds and TensorFlow that the tests start
+(they inherit TMPDIR). Runs used to leave them in /tmp: 12 GB after one
+session's runs of the suite.
+
 Compilation dominates this suite: many tests, and the CLIs and notebook
 kernels they start as subprocesses, compile the same programs of the same
-tiny and demo models. They share JAX's persistent compilation cache, in a
-directory made once per pytest run (the pytest-xdist workers inherit it from
-the process that starts them) and removed when that process exits. A cache
-entry is keyed by the program, the compile options and the devices, so it
-changes no result.
+tiny and demo models. They share JAX's persistent compilation cache, in the
+scratch directory. A cache entry is keyed by the program, the compile
+options and the devices, so it changes no result.
+
+The pytest-xdist workers inherit both from the process that starts them,
+which removes the directory when it exits, after them.
 """
 
 import atexit
@@ -27,12 +34,20 @@ if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
       filter(None, [os.environ.get("XLA_FLAGS"), _DEVICES_FLAG])
   )
 
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _CACHE_DIR = tempfile.mkdtemp(prefix="spec_decode_tests_jax_cache_")
-  atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
-  # Every program, not only those that took a second or more to compile.
-  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+# Set in the process that starts the run; its workers inherit it.
+_SCRATCH_VARIABLE = "SPEC_DECODE_TESTS_SCRATCH"
+if _SCRATCH_VARIABLE not in os.environ:
+  _scratch = tempfile.mkdtemp(prefix="spec_decode_tests_")
+  atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
+  os.environ[_SCRATCH_VARIABLE] = _scratch
+  os.environ["TMPDIR"] = os.path.join(_scratch, "tmp")
+  os.mkdir(os.environ["TMPDIR"])
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_scratch, "jax")
+    # Every program, not only those that took a second or more to compile.
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+# tempfile may have chosen its directory before this module ran.
+tempfile.tempdir = os.environ["TMPDIR"]
 
 # After the flags: the CPU backend starts at the first computation.
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -102,6 +102,8 @@ class RunTest(parameterized.TestCase):
   def setUpClass(cls):
     super().setUpClass()
     cls.tmp = pathlib.Path(tempfile.mkdtemp())
+    # For runs that fail before they write.
+    cls.unused_output = f"run.output_dir = '{cls.tmp / 'unused'}'"
     rng = jax.random.key(0)
     sentences = [
         " ".join(_WORDS[(7 * i) % 30 : (7 * i) % 30 + 6]) for i in range(200)
@@ -277,7 +279,7 @@ class RunTest(parameterized.TestCase):
     )
 
   def test_unknown_binding_is_one_line(self):
-    done = self._cli("run.output_dir = '/tmp/x'", "run.gama = 3")
+    done = self._cli(self.unused_output, "run.gama = 3")
     self.assertEqual(done.returncode, 1)
     self.assertEqual(done.stdout, "")
     lines = done.stderr.strip().splitlines()
@@ -286,7 +288,7 @@ class RunTest(parameterized.TestCase):
 
   def test_missing_checkpoint_is_one_line(self):
     done = self._cli(
-        "run.output_dir = '/tmp/x'",
+        self.unused_output,
         "target/checkpoint_path.path = '/nonexistent/ckpt'",
     )
     self.assertEqual(done.returncode, 1)
@@ -331,13 +333,13 @@ class RunTest(parameterized.TestCase):
   )
   def test_bad_input(self, binding, message):
     with self.assertRaisesRegex(ValueError, message):
-      self._run("run.output_dir = '/tmp/x'", binding)
+      self._run(self.unused_output, binding)
 
   def test_empty_input_file(self):
     empty = self.tmp / "empty.txt"
     empty.write_text("\n\n")
     with self.assertRaisesRegex(ValueError, "no inputs: input file .* empty"):
-      self._run("run.output_dir = '/tmp/x'", f"read_inputs.path = '{empty}'")
+      self._run(self.unused_output, f"read_inputs.path = '{empty}'")
 
   def test_truncation_is_counted(self):
     results = self._run(

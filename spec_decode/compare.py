@@ -151,6 +151,13 @@ def run(
   _check_args(
       gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
   )
+  _check_seed_and_switches(
+      seed,
+      truncate_inputs=truncate_inputs,
+      replicate_draft=replicate_draft,
+      progress=progress,
+      allow_nonfinite=allow_nonfinite,
+  )
   _check_policy(verifier, draft_threshold, max_gamma, calibration_batches)
   vocabulary = _vocabulary(vocabulary)
   writer = None
@@ -350,6 +357,15 @@ def _vocabulary(vocabulary):
   return vocabulary_lib.for_run(
       vocabulary, pair.bound_checkpoint_path("target")
   )
+
+
+def _check_seed_and_switches(seed, **switches):
+  if not isinstance(seed, int) or isinstance(seed, bool):
+    raise ValueError(f"run.seed must be an int, got {seed!r}")
+  for name, value in switches.items():
+    # A string such as 'False' would be true.
+    if not isinstance(value, bool):
+      raise ValueError(f"run.{name} must be True or False, got {value!r}")
 
 
 def _check_policy(verifier, draft_threshold, max_gamma, calibration_batches):

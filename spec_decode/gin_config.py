@@ -18,6 +18,7 @@ import logging
 import os
 import pathlib
 import re
+import tokenize
 
 import gin
 
@@ -83,12 +84,34 @@ class GinSyntaxError(ValueError):
   multiline = True
 
 
-def _syntax_error(error):
+# What gin joins the bindings into, one a line, and parses with no file name.
+_BINDINGS = "--gin_bindings"
+
+
+def _source_line(error, bindings):
+  """The line a SyntaxError is on; gin leaves it empty at a line's end."""
+  if error.text:
+    return error.text.rstrip("\n")
+  try:
+    text = (
+        "\n".join(bindings)
+        if error.filename is None
+        else pathlib.Path(error.filename).read_text()
+    )
+  except OSError:
+    return ""
+  lines = text.splitlines()
+  return (
+      lines[error.lineno - 1] if 0 < (error.lineno or 0) <= len(lines) else ""
+  )
+
+
+def _syntax_error(error, bindings):
   """A SyntaxError of gin's parser as where it is, the line and a caret."""
-  where = f"{error.filename}, line {error.lineno}: {error.msg.rstrip('.')}: "
-  text = (error.text or "").rstrip("\n")
+  source = error.filename or _BINDINGS
+  where = f"{source}, line {error.lineno}: {error.msg.rstrip('.')}: "
   caret = " " * (len("error: ") + len(where) + max((error.offset or 1) - 1, 0))
-  return GinSyntaxError(f"{where}{text}\n{caret}^")
+  return GinSyntaxError(f"{where}{_source_line(error, bindings)}\n{caret}^")
 
 
 def _check_files_exist(files):
@@ -104,20 +127,37 @@ def _check_files_exist(files):
       )
 
 
+def _parse_text(parse_fn, source, bindings):
+  """Calls parse_fn(), which parses `source`, with gin's errors as ours."""
+  try:
+    parse_fn()
+  except SyntaxError as e:
+    raise _syntax_error(e, bindings) from None
+  except tokenize.TokenError as e:
+    # Python's tokenizer, under gin's parser, reached the end of the text
+    # inside a bracket or a triple-quoted string.
+    if source != _BINDINGS:
+      source = f"{source} (or a file it includes)"
+    raise ValueError(
+        f"{source}: {e.args[0]}: an unclosed bracket or string"
+    ) from None
+
+
 def parse(files=(), bindings=()):
   """Clears gin, then parses `files` (paths, or relative to configs/).
 
   Raises:
-    ValueError: if a file does not exist.
+    ValueError: if a file does not exist, or ends inside a bracket.
     GinSyntaxError: if a file or binding does not parse.
   """
   gin.clear_config()
   gin.add_config_file_search_path(str(CONFIG_DIR))
   _check_files_exist(files)
-  try:
-    gin.parse_config_files_and_bindings(list(files), list(bindings))
-  except SyntaxError as e:
-    raise _syntax_error(e) from None
+  bindings = list(bindings)
+  for file in files:
+    _parse_text(lambda f=file: gin.parse_config_file(f), file, bindings)
+  _parse_text(lambda: gin.parse_config(bindings), _BINDINGS, bindings)
+  gin.finalize()
 
 
 def model_config_files():

@@ -47,8 +47,21 @@ def read_inputs(
     A list of strings.
 
   Raises:
-    ValueError: if not exactly one source is set, or there are no inputs.
+    ValueError: if not exactly one source is set, the prefix is no string,
+      num_examples is not None or an int >= 1, or there are no inputs.
   """
+  if not isinstance(prefix, str):
+    raise ValueError(f"read_inputs.prefix must be a string, got {prefix!r}")
+  if num_examples is not None and (
+      not isinstance(num_examples, int)
+      or isinstance(num_examples, bool)
+      or num_examples < 1
+  ):
+    # A -1 would take every example of a task and then drop the last.
+    raise ValueError(
+        "read_inputs.num_examples must be an int >= 1, or None for all "
+        f"inputs, got {num_examples!r}"
+    )
   sources = {"path": path, "task": task, "prompt": prompt}
   chosen = [name for name, value in sources.items() if value is not None]
   if len(chosen) != 1:

@@ -11,6 +11,7 @@ from.
 """
 
 import dataclasses
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -39,16 +40,22 @@ class SamplingConfig:
   top_p: float = 1.0
 
   def __post_init__(self):
-    if not self.temperature >= 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
-    if not isinstance(self.top_k, int) or self.top_k < 0:
+    if not (_is_number(self.temperature) and self.temperature >= 0):
+      raise ValueError(f"temperature must be >= 0, got {self.temperature!r}.")
+    is_int = isinstance(self.top_k, int) and not isinstance(self.top_k, bool)
+    if not (is_int and self.top_k >= 0):
       raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}.")
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+    if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
 
   @property
   def greedy(self) -> bool:
     return self.temperature == 0
+
+
+def _is_number(value):
+  """A real number, bool aside (True is not a temperature)."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:

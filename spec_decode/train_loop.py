@@ -191,6 +191,28 @@ def _evaluate_at(
   )
 
 
+_EXPORT_DTYPES = ("float32", "bfloat16")
+
+
+def _check_args(seed, export_dir, export_dtype, **counts):
+  """What would otherwise fail at the first step, or after the last."""
+  for name, value in counts.items():
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"train.{name} must be an int >= 1, got {value!r}")
+  if not isinstance(seed, int) or isinstance(seed, bool):
+    raise ValueError(f"train.seed must be an int, got {seed!r}")
+  if export_dtype not in _EXPORT_DTYPES:
+    raise ValueError(
+        f"train.export_dtype must be one of {_EXPORT_DTYPES}, got "
+        f"{export_dtype!r}"
+    )
+  if export_dir and os.path.exists(export_dir):
+    raise ValueError(
+        f"train.export_dir {export_dir} exists: the export writes a new "
+        "directory; remove it or name another"
+    )
+
+
 @gin.configurable(denylist=["model_config"])
 def train(
     model_config,
@@ -252,7 +274,21 @@ def train(
 
   Returns:
     The final `training.TrainState`.
+
+  Raises:
+    ValueError: on a bad count, seed or export setting, before any work.
   """
+  _check_args(
+      seed,
+      export_dir,
+      export_dtype,
+      num_steps=num_steps,
+      batch_size=batch_size,
+      eval_every=eval_every,
+      checkpoint_every=checkpoint_every,
+      keep_checkpoints=keep_checkpoints,
+      log_every=log_every,
+  )
   model = t5.Transformer(model_config)
   os.makedirs(model_dir, exist_ok=True)
   manager = train_checkpoints.manager(model_dir, keep_checkpoints)

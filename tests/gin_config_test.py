@@ -72,5 +72,40 @@ class ScopedIncludeTest(absltest.TestCase):
     )
 
 
+class SyntaxErrorTest(absltest.TestCase):
+
+  def test_a_binding_that_does_not_parse_names_the_flag_and_its_line(self):
+    with self.assertRaises(gin_config.GinSyntaxError) as caught:
+      gin_config.parse([], ["T5Config.emb_dim = 8", "T5Config.num_heads ="])
+    where = "--gin_bindings, line 2: Unable to parse value: "
+    # gin gives no text for a value missing at the end of its line; the
+    # caret is under the '='.
+    self.assertEqual(
+        str(caught.exception),
+        f"{where}T5Config.num_heads =\n"
+        + " " * (len("error: ") + len(where) + len("T5Config.num_heads "))
+        + "^",
+    )
+
+  def test_an_unclosed_bracket_is_one_line(self):
+    # Python's tokenizer raises under gin's parser: no SyntaxError.
+    with self.assertRaisesRegex(
+        ValueError,
+        r"^--gin_bindings: EOF in multi-line statement: an unclosed bracket "
+        r"or string$",
+    ):
+      gin_config.parse([], ["T5Config.emb_dim = 8", "T5Config.num_heads = ("])
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "run.gin")
+      with open(path, "w") as f:
+        f.write("T5Config.emb_dim = [8,\n")
+      with self.assertRaisesRegex(
+          ValueError,
+          f"^{path} \\(or a file it includes\\): EOF in multi-line "
+          "statement: an unclosed bracket or string$",
+      ):
+        gin_config.parse([path])
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -1,10 +1,12 @@
-"""Tests for spec_decode.inputs.trim."""
+"""Tests for spec_decode.inputs."""
 
 import gzip
 import pathlib
+import re
 import tempfile
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import numpy as np
 
 from spec_decode import inputs
@@ -32,6 +34,35 @@ class ReadTextTest(absltest.TestCase):
         ValueError, f"^run.ngram_corpus: {path} is not a gzip file \\(.+\\)$"
     ):
       inputs.read_text(path, "run.ngram_corpus")
+
+
+class ReadInputsTest(parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    directory = tempfile.TemporaryDirectory()
+    self.addCleanup(directory.cleanup)
+    self.path = pathlib.Path(directory.name) / "inputs.txt"
+    self.path.write_text("one\ntwo\n\nthree\n")
+
+  def test_keeps_the_first_num_examples_lines(self):
+    self.assertEqual(
+        inputs.read_inputs(path=self.path, prefix="> ", num_examples=2),
+        ["> one", "> two"],
+    )
+    self.assertEqual(
+        inputs.read_inputs(path=self.path), ["one", "two", "three"]
+    )
+
+  @parameterized.parameters(-1, 0, 2.5, True, "2")
+  def test_num_examples_other_than_a_positive_int_is_an_error(self, number):
+    # -1 took a seqio task's every example, then dropped the last.
+    with self.assertRaisesRegex(
+        ValueError,
+        "(?m)^read_inputs.num_examples must be an int >= 1, or None for all "
+        f"inputs, got {re.escape(repr(number))}$",  # gin adds a line.
+    ):
+      inputs.read_inputs(path=self.path, num_examples=number)
 
 
 class TrimTest(absltest.TestCase):

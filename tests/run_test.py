@@ -307,6 +307,28 @@ class RunTest(parameterized.TestCase):
       ),
       ("max_gamma", "run.max_gamma = 0", "run.max_gamma must be an int >= 1"),
       ("temperature", "run.temperature = -0.5", "temperature must be >= 0"),
+      (
+          "temperature_name",
+          "run.temperature = 'hot'",
+          "temperature must be >= 0, got 'hot'",
+      ),
+      ("seed", "run.seed = 'x'", "run.seed must be an int, got 'x'"),
+      (
+          "switch",
+          "run.allow_nonfinite = 'False'",
+          "run.allow_nonfinite must be True or False, got 'False'",
+      ),
+      (
+          "num_examples",
+          "read_inputs.num_examples = -1",
+          "read_inputs.num_examples must be an int >= 1, or None for all "
+          "inputs, got -1",
+      ),
+      (
+          "prefix",
+          "read_inputs.prefix = 3",
+          "read_inputs.prefix must be a string",
+      ),
       ("top_p_zero", "run.top_p = 0.0", r"top_p must be in \(0, 1\]"),
       ("top_p_big", "run.top_p = 1.5", r"top_p must be in \(0, 1\]"),
       (

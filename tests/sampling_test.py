@@ -133,14 +133,25 @@ class LogitsToProbsTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("negative_temperature", dict(temperature=-0.1), "temperature"),
       ("nan_temperature", dict(temperature=float("nan")), "temperature"),
+      # A gin binding of a string or a bool: not a TypeError, not top_k 1.
+      ("string_temperature", dict(temperature="hot"), "temperature"),
+      ("bool_temperature", dict(temperature=True), "temperature"),
       ("negative_top_k", dict(top_k=-1), "top_k"),
       ("float_top_k", dict(top_k=2.5), "top_k"),
+      ("bool_top_k", dict(top_k=True), "top_k"),
       ("zero_top_p", dict(top_p=0.0), "top_p"),
       ("large_top_p", dict(top_p=1.5), "top_p"),
+      ("string_top_p", dict(top_p="0.9"), "top_p"),
   )
   def test_invalid_arguments_raise(self, kwargs, name):
     with self.assertRaisesRegex(ValueError, f"^{name} must be"):
       sampling.SamplingConfig(**kwargs)
+
+  def test_numpy_scalars_are_numbers(self):
+    config = sampling.SamplingConfig(
+        temperature=np.float32(0.5), top_p=np.float64(0.9)
+    )
+    self.assertEqual((config.temperature, config.top_p), (0.5, 0.9))
 
 
 class SampleTest(absltest.TestCase):

@@ -210,6 +210,27 @@ class TrainLoopTest(absltest.TestCase):
     self.assertEqual(logits.shape, (1, 5, 4096))
     self.assertTrue(np.all(np.isfinite(logits)))
 
+  def test_bad_settings_fail_before_any_work(self):
+    taken = _tempdir(self)
+    for kwargs, message in (
+        (dict(num_steps=0), "train.num_steps must be an int >= 1, got 0"),
+        (dict(num_steps=4, seed="0"), "train.seed must be an int, got '0'"),
+        (
+            dict(num_steps=4, export_dtype="bf16"),
+            r"train.export_dtype must be one of \('float32', 'bfloat16'\), "
+            "got 'bf16'",
+        ),
+        (
+            dict(num_steps=4, export_dir=taken),
+            f"train.export_dir {taken} exists: the export writes a new "
+            "directory",
+        ),
+    ):
+      with self.subTest(message=message):
+        with self.assertRaisesRegex(ValueError, f"^{message}"):
+          self._train(**kwargs)
+        self.assertFalse(os.path.exists(self.model_dir))
+
   def test_export_bfloat16(self):
     params = t5.init_params(TINY, jax.random.key(0))
     path = os.path.join(_tempdir(self), "export")

@@ -29,6 +29,7 @@ from spec_decode import compare
 from spec_decode import inputs as inputs_lib
 from spec_decode import lookup
 from spec_decode import pair
+from spec_decode import run_outputs
 from spec_decode import sampling
 from spec_decode import teacher_forced
 
@@ -36,7 +37,9 @@ _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Temperatures.")
 _REFERENCES = flags.DEFINE_string(
     "references", None, "Score these outputs (one a line) instead of samples."
 )
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Rows per call.")
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 32, "Rows per call.", lower_bound=1
+)
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the target's samples.")
 
@@ -59,10 +62,12 @@ def format_estimates(estimates):
 def main(argv):
   with cli.one_line_errors():
     cli.start(argv)
-    # pylint: disable=g-import-not-at-top
-    from spec_decode import data
+    # Before the measurement, which can take long.
+    if _OUTPUT.value:
+      run_outputs.check_writable_file(_OUTPUT.value, "--output")
+    temperatures = [_temperature(t) for t in _TEMPERATURES.value]
+    # pylint: disable-next=g-import-not-at-top
     from spec_decode import vocabulary as vocabulary_lib
-    # pylint: enable=g-import-not-at-top
 
     vocabulary = vocabulary_lib.bound_for_run()
     max_decode_len = gin.query_parameter("run.max_decode_len")
@@ -73,7 +78,11 @@ def main(argv):
         True,
     ).tokens
     references = _references(
-        data.read_lines(_REFERENCES.value) if _REFERENCES.value else None,
+        (
+            inputs_lib.read_text(_REFERENCES.value, "--references").splitlines()
+            if _REFERENCES.value
+            else None
+        ),
         len(tokens),
         vocabulary,
         max_decode_len,
@@ -81,11 +90,9 @@ def main(argv):
     model_free = _model_free_draft(vocabulary)
     configs = [
         sampling.SamplingConfig(
-            float(t),
-            _bound("run.top_k", 0),
-            _bound("run.top_p", 1.0),
+            t, _bound("run.top_k", 0), _bound("run.top_p", 1.0)
         )
-        for t in _TEMPERATURES.value
+        for t in temperatures
     ]
     estimates = teacher_forced.measure(
         tokens,
@@ -96,14 +103,23 @@ def main(argv):
         _SEED.value,
         model_free,
     )
-  print(format_estimates(estimates))
-  if _OUTPUT.value:
-    with open(_OUTPUT.value, "w") as f:
-      records = [
-          {**dataclasses.asdict(e), "tokens_per_call": e.tokens_per_call()}
-          for e in estimates
-      ]
-      f.write(json.dumps(records, indent=2) + "\n")
+    print(format_estimates(estimates))
+    if _OUTPUT.value:
+      with open(_OUTPUT.value, "w") as f:
+        records = [
+            {**dataclasses.asdict(e), "tokens_per_call": e.tokens_per_call()}
+            for e in estimates
+        ]
+        f.write(json.dumps(records, indent=2) + "\n")
+
+
+def _temperature(text):
+  try:
+    return float(text)
+  except ValueError:
+    raise ValueError(
+        f"--temperatures: {text!r} is not a number (e.g. --temperatures=0,1)"
+    ) from None
 
 
 def _references(texts, num_inputs, vocabulary, max_decode_len):

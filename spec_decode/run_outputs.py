@@ -6,7 +6,8 @@
   config.gin     the operative config, written atomically
 
 The directory is checked for writing before any decoding, so that an
-unwritable one costs nothing.
+unwritable one costs nothing; so is each file that the other CLIs write
+(`check_writable_file`).
 """
 
 import json
@@ -17,6 +18,28 @@ import tempfile
 RESULTS_FILE = "results.json"
 OUTPUTS_FILE = "outputs.jsonl"
 CONFIG_FILE = "config.gin"
+
+
+def check_writable_file(path, flag):
+  """Fails now, not after the work, if the file at `path` cannot be written.
+
+  Args:
+    path: the file a CLI writes when it is done.
+    flag: its flag, for the message (e.g. '--output').
+
+  Raises:
+    ValueError: if `path` is a directory, or its directory cannot be written.
+  """
+  file = pathlib.Path(path)
+  if file.is_dir():
+    raise ValueError(f"{flag} {path} is a directory")
+  try:
+    with tempfile.TemporaryFile(dir=file.parent):
+      pass
+  except OSError as e:
+    raise ValueError(
+        f"{flag} {path} cannot be written: {e.strerror}: {file.parent}"
+    ) from None
 
 
 class Writer:

@@ -28,12 +28,15 @@ from spec_decode import engine
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
 from spec_decode import partitioning
+from spec_decode import run_outputs
 from spec_decode import sampling
 
 _INPUT = flags.DEFINE_string("input", None, "Source sentences.", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Where outputs go.")
 _REFERENCE = flags.DEFINE_string("reference", None, "References, for BLEU.")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Rows per call.")
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", 64, "Rows per call.", lower_bound=1
+)
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 0.0, "0 decodes greedily; above 0 samples at it."
 )
@@ -98,16 +101,25 @@ def translate(
   return restored
 
 
+def _lines(path, flag):
+  return inputs_lib.read_text(path, flag).splitlines()
+
+
 def main(argv):
   with cli.one_line_errors():
     cli.start(argv)
-    # pylint: disable=g-import-not-at-top
-    from spec_decode import data
+    # Every file is checked before the decoding, which can take long.
+    if _OUTPUT.value:
+      run_outputs.check_writable_file(_OUTPUT.value, "--output")
+    sources = _lines(_INPUT.value, "--input")
+    references = None
+    if _REFERENCE.value:
+      references = _lines(_REFERENCE.value, "--reference")
+    # pylint: disable-next=g-import-not-at-top
     from spec_decode import vocabulary
-    # pylint: enable=g-import-not-at-top
 
     outputs = translate(
-        data.read_lines(_INPUT.value),
+        sources,
         vocabulary.bound_for_run(),
         _BATCH_SIZE.value,
         gin.query_parameter("run.max_input_len"),
@@ -115,12 +127,13 @@ def main(argv):
         _TEMPERATURE.value,
         _SEED.value,
     )
-  if _OUTPUT.value:
-    pathlib.Path(_OUTPUT.value).write_text("\n".join(outputs) + "\n")
-  if _REFERENCE.value:
-    references = data.read_lines(_REFERENCE.value)
-    score = data.bleu(references[: len(outputs)], outputs)["bleu"]
-    print(f"BLEU {score:.2f} ({len(outputs)} sentences, sacrebleu 13a)")
+    if _OUTPUT.value:
+      pathlib.Path(_OUTPUT.value).write_text("\n".join(outputs) + "\n")
+    if references is not None:
+      from spec_decode import data  # pylint: disable=g-import-not-at-top
+
+      score = data.bleu(references[: len(outputs)], outputs)["bleu"]
+      print(f"BLEU {score:.2f} ({len(outputs)} sentences, sacrebleu 13a)")
 
 
 if __name__ == "__main__":

@@ -90,6 +90,25 @@ class AlphaCliTest(absltest.TestCase):
         "error: --references has 1 lines, fewer than the 6 inputs",
     )
 
+  def test_bad_flags_fail_before_the_measurement(self):
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    for flag, error in (
+        (
+            f"--output={tmp / 'no_dir' / 'alpha.json'}",
+            f"error: --output {tmp / 'no_dir' / 'alpha.json'} cannot be "
+            f"written: No such file or directory: {tmp / 'no_dir'}",
+        ),
+        (
+            "--temperatures=0,hot",
+            "error: --temperatures: 'hot' is not a number (e.g. "
+            "--temperatures=0,1)",
+        ),
+    ):
+      with self.subTest(flag=flag):
+        done = _alpha(flag)
+        self.assertEqual(done.returncode, 1)
+        self.assertEqual(done.stderr.splitlines(), [error])
+
   def test_a_draft_kind_it_cannot_score_is_one_line(self):
     done = _alpha("--gin_bindings=run.draft = 'target'")
     self.assertEqual(done.returncode, 1)

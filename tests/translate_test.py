@@ -37,6 +37,22 @@ def _vocabulary():
   )
 
 
+def _translate_cli(*flags):
+  return subprocess.run(
+      [
+          sys.executable,
+          "-m",
+          "spec_decode.translate",
+          "--gin_file=configs/demo.gin",
+          *flags,
+      ],
+      capture_output=True,
+      text=True,
+      check=False,
+      cwd=_REPO,
+  )
+
+
 class TranslateTest(absltest.TestCase):
 
   def setUp(self):
@@ -81,25 +97,35 @@ class TranslateTest(absltest.TestCase):
       f.write("\n".join(_SOURCES[:3]) + "\n")
     outputs = translate.translate(_SOURCES[:3], _vocabulary(), 8, 64, 64)
     (tmp / "refs.de").write_text("\n".join(outputs) + "\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spec_decode.translate",
-            "--gin_file=configs/demo.gin",
-            f"--input={tmp / 'inputs.en.gz'}",
-            f"--output={tmp / 'out.de'}",
-            f"--reference={tmp / 'refs.de'}",
-            "--batch_size=2",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=_REPO,
+    done = _translate_cli(
+        f"--input={tmp / 'inputs.en.gz'}",
+        f"--output={tmp / 'out.de'}",
+        f"--reference={tmp / 'refs.de'}",
+        "--batch_size=2",
     )
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
     self.assertIn("BLEU 100.00 (3 sentences", done.stdout)
     self.assertEqual((tmp / "out.de").read_text().splitlines(), outputs)
+
+  def test_cli_checks_every_file_before_decoding(self):
+    tmp = pathlib.Path(tempfile.mkdtemp())
+    (tmp / "inputs.en").write_text("\n".join(_SOURCES[:3]) + "\n")
+    for flags, error in (
+        (
+            [f"--output={tmp / 'no_dir' / 'out.de'}"],
+            f"error: --output {tmp / 'no_dir' / 'out.de'} cannot be written: "
+            f"No such file or directory: {tmp / 'no_dir'}",
+        ),
+        (
+            [f"--reference={tmp / 'refs.de'}"],
+            f"error: --reference: no such file: {tmp / 'refs.de'}",
+        ),
+    ):
+      with self.subTest(error=error):
+        done = _translate_cli(f"--input={tmp / 'inputs.en'}", *flags)
+        self.assertEqual(done.returncode, 1)
+        # One line, and no progress bar: nothing was decoded.
+        self.assertEqual(done.stderr.splitlines(), [error])
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+import seqio
 import tqdm
 
 from spec_decode import batching
@@ -192,10 +194,32 @@ def _evaluate_at(
 
 
 _EXPORT_DTYPES = ("float32", "bfloat16")
+_FEATURES = ("inputs", "targets")
 
 
-def _check_args(seed, export_dir, export_dtype, **counts):
+def _check_splits(task, eval_task, eval_split):
+  """The splits train reads exist: evaluation comes after eval_every steps."""
+  for name, split in ((task, "train"), (eval_task or task, eval_split)):
+    splits = seqio.get_mixture_or_task(name).splits
+    if split is not None and split not in splits:
+      raise ValueError(
+          f"seqio task {name} has no split {split!r} (it has "
+          f"{', '.join(splits)})"
+      )
+
+
+def _check_args(
+    optimizer, seed, export_dir, export_dtype, feature_lengths, **counts
+):
   """What would otherwise fail at the first step, or after the last."""
+  if not isinstance(optimizer, optax.GradientTransformation):
+    raise ValueError(
+        "train.optimizer must be an optax.GradientTransformation, e.g. "
+        f"@optimizers.adamw(), got {optimizer!r}"
+    )
+  counts.update(
+      {f"feature_lengths['{k}']": feature_lengths.get(k) for k in _FEATURES}
+  )
   for name, value in counts.items():
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"train.{name} must be an int >= 1, got {value!r}")
@@ -276,12 +300,15 @@ def train(
     The final `training.TrainState`.
 
   Raises:
-    ValueError: on a bad count, seed or export setting, before any work.
+    ValueError: on a bad optimizer, count, length, seed, split or export
+      setting, before any work.
   """
   _check_args(
+      optimizer,
       seed,
       export_dir,
       export_dtype,
+      feature_lengths,
       num_steps=num_steps,
       batch_size=batch_size,
       eval_every=eval_every,
@@ -289,6 +316,7 @@ def train(
       keep_checkpoints=keep_checkpoints,
       log_every=log_every,
   )
+  _check_splits(task, eval_task, eval_split)
   model = t5.Transformer(model_config)
   os.makedirs(model_dir, exist_ok=True)
   manager = train_checkpoints.manager(model_dir, keep_checkpoints)

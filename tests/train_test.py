@@ -140,8 +140,7 @@ class TrainLoopTest(absltest.TestCase):
     self.model_dir = os.path.join(_tempdir(self), "model")
 
   def _train(self, num_steps, **kwargs):
-    return train_loop.train(
-        TINY,
+    settings = dict(
         model_dir=self.model_dir,
         task=self.task,
         num_steps=num_steps,
@@ -153,8 +152,8 @@ class TrainLoopTest(absltest.TestCase):
         eval_every=2,
         checkpoint_every=2,
         log_every=1,
-        **kwargs,
     )
+    return train_loop.train(TINY, **(settings | kwargs))
 
   def _metrics(self):
     with open(os.path.join(self.model_dir, "metrics.jsonl")) as f:
@@ -216,9 +215,22 @@ class TrainLoopTest(absltest.TestCase):
         (dict(num_steps=0), "train.num_steps must be an int >= 1, got 0"),
         (dict(num_steps=4, seed="0"), "train.seed must be an int, got '0'"),
         (
+            dict(num_steps=4, optimizer=None),
+            "train.optimizer must be an optax.GradientTransformation",
+        ),
+        (
             dict(num_steps=4, export_dtype="bf16"),
             r"train.export_dtype must be one of \('float32', 'bfloat16'\), "
             "got 'bf16'",
+        ),
+        (
+            dict(num_steps=4, feature_lengths={"inputs": 0, "targets": 32}),
+            r"train.feature_lengths\['inputs'\] must be an int >= 1, got 0",
+        ),
+        (
+            dict(num_steps=4, eval_split="valid"),
+            "seqio task multi30k_en_de has no split 'valid' \\(it has train, "
+            "validation, test\\)",
         ),
         (
             dict(num_steps=4, export_dir=taken),

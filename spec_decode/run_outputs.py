@@ -6,8 +6,8 @@
   config.gin     the operative config, written atomically
 
 The directory is checked for writing before any decoding, so that an
-unwritable one costs nothing; so is each file that the other CLIs write
-(`check_writable_file`).
+unwritable one costs nothing (`make_writable_dir`, which the Table 2 sweep
+uses too); so is each file that the other CLIs write (`check_writable_file`).
 """
 
 import json
@@ -18,6 +18,31 @@ import tempfile
 RESULTS_FILE = "results.json"
 OUTPUTS_FILE = "outputs.jsonl"
 CONFIG_FILE = "config.gin"
+
+
+def make_writable_dir(path, setting):
+  """Makes the directory at `path` (and its parents), and checks writing there.
+
+  Args:
+    path: where a run's outputs go.
+    setting: its gin setting, for the message (e.g. 'run.output_dir').
+
+  Returns:
+    The directory, a pathlib.Path.
+
+  Raises:
+    ValueError: if it cannot be made or written.
+  """
+  directory = pathlib.Path(path)
+  try:
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=directory):
+      pass
+  except OSError as e:
+    raise ValueError(
+        f"{setting} {path} is not writable: {e.strerror or e}"
+    ) from None
+  return directory
 
 
 def check_writable_file(path, flag):
@@ -53,15 +78,7 @@ class Writer:
   """
 
   def __init__(self, output_dir):
-    self.directory = pathlib.Path(output_dir)
-    try:
-      self.directory.mkdir(parents=True, exist_ok=True)
-      with tempfile.TemporaryFile(dir=self.directory):
-        pass
-    except OSError as e:
-      raise ValueError(
-          f"run.output_dir {output_dir} is not writable: " f"{e.strerror or e}"
-      ) from None
+    self.directory = make_writable_dir(output_dir, "run.output_dir")
     self.replaced = any(
         (self.directory / name).exists()
         for name in (RESULTS_FILE, OUTPUTS_FILE, CONFIG_FILE)

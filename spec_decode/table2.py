@@ -38,7 +38,6 @@ re-exported here: the points (`table2_points`), each group's best gamma
 
 import dataclasses
 import hashlib
-import pathlib
 import time
 
 import gin
@@ -49,6 +48,7 @@ from spec_decode import data
 from spec_decode import engine
 from spec_decode import gin_config
 from spec_decode import report
+from spec_decode import run_outputs
 from spec_decode import table2_best
 from spec_decode import table2_files
 from spec_decode import table2_markdown
@@ -179,8 +179,9 @@ def sweep(
       verifiers,
       draft_thresholds,
   )
-  directory = pathlib.Path(output_dir)
-  directory.mkdir(parents=True, exist_ok=True)
+  directory = run_outputs.make_writable_dir(
+      output_dir, "table2.sweep.output_dir"
+  )
   corpus, corpus_sha256, earlier = _corpus_and_earlier(
       directory, files, bindings, drafts, ngram_corpus, resume
   )

@@ -81,6 +81,20 @@ class Table2AxesTest(tiny_table2.TinyTable2TestCase):
       )
     self.assertFalse((self.tmp / "bad").exists())
 
+  def test_output_dir_that_cannot_be_made_is_one_line(self):
+    (self.tmp / "a_file").write_text("")
+    with self.assertRaisesRegex(
+        ValueError,
+        f"(?m)^table2.sweep.output_dir {self.tmp / 'a_file' / 'out'} is not "
+        "writable: Not a directory$",  # gin adds a line.
+    ):
+      table2.sweep(
+          [self.gin_file],
+          [],
+          output_dir=self.tmp / "a_file" / "out",
+          tasks={"multi30k_en_de": []},
+      )
+
   def test_verifier_and_threshold_axes(self):
     gin_config.parse([self.gin_file])
     table2.sweep(
@@ -153,6 +167,9 @@ class Table2AxesTest(tiny_table2.TinyTable2TestCase):
         (dict(verifiers=["tree"]), "verifiers: 'tree' is not one of"),
         (dict(draft_thresholds=[1.0]), "draft_thresholds must be in"),
         (dict(gammas=["best"]), "gammas must be ints >= 1 or 'auto'"),
+        # Not a TypeError from comparing a string.
+        (dict(temperatures=["hot"]), "temperatures must be >= 0: \\['hot'\\]"),
+        (dict(draft_thresholds=["0.5"]), "draft_thresholds must be in"),
     ):
       with self.assertRaisesRegex(ValueError, message):
         table2.sweep(

@@ -70,9 +70,16 @@ def run(main):
 
 @contextlib.contextmanager
 def one_line_errors():
-  """Turns bad input into 'error: <one line>' on stderr and exit status 1."""
+  """Turns bad input into 'error: <one line>' on stderr and exit status 1.
+
+  Ctrl-C becomes 'interrupted' and what the interrupted work kept, if it
+  says, with the shell's status for SIGINT, 130.
+  """
   try:
     yield
+  except KeyboardInterrupt as e:
+    print(" ".join(["interrupted", *map(str, e.args)]), file=sys.stderr)
+    sys.exit(130)
   except (ValueError, RuntimeError, OSError, checkpoints.CheckpointError) as e:
     print(f"error: {report.one_line(e)}", file=sys.stderr)
     sys.exit(1)

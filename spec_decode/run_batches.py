@@ -57,56 +57,59 @@ def decode(
   Raises:
     ValueError: unless `allow_nonfinite`, after the batch where the first
       row with non-finite logits appears (the writer then closed).
+    KeyboardInterrupt: on Ctrl-C, saying what outputs.jsonl kept (the writer
+      then closed).
   """
   totals = run_totals.RunTotals(speculative["gamma"])
   seconds = run_totals.Seconds()
   seen_shapes = set()
-  for index, (batch, num_real) in enumerate(
-      tqdm.tqdm(
-          batches,
-          desc="decoding",
-          unit="batch",
-          disable=not progress or jax.process_index() != 0,
+  with run_outputs.said_on_interrupt(writer, len(texts)):
+    for index, (batch, num_real) in enumerate(
+        tqdm.tqdm(
+            batches,
+            desc="decoding",
+            unit="batch",
+            disable=not progress or jax.process_index() != 0,
+        )
+    ):
+      placed = decoders.place_inputs(inputs_lib.trim(batch))
+      # Each new input length compiles both decoders: untimed.
+      warm_up = placed.shape not in seen_shapes
+      seen_shapes.add(placed.shape)
+      (base, spec), batch_seconds = _decode_both(
+          decoders,
+          placed,
+          jax.random.fold_in(jax.random.key(seed), index),
+          timing_repeats,
+          warm_up,
+          **speculative,
       )
-  ):
-    placed = decoders.place_inputs(inputs_lib.trim(batch))
-    # Each new input length compiles both decoders: untimed.
-    warm_up = placed.shape not in seen_shapes
-    seen_shapes.add(placed.shape)
-    (base, spec), batch_seconds = _decode_both(
-        decoders,
-        placed,
-        jax.random.fold_in(jax.random.key(seed), index),
-        timing_repeats,
-        warm_up,
-        **speculative,
-    )
-    seconds.add(batch_seconds)
-    same, nonfinite = totals.add(base, spec, num_real)
-    if writer is not None:
-      writer.add_rows(
-          _rows(
-              texts[index * batch_size : index * batch_size + num_real],
-              vocabulary,
-              base,
-              spec,
-              same,
-              nonfinite,
-          )
-      )
-    if totals.nonfinite_rows and not allow_nonfinite:
+      seconds.add(batch_seconds)
+      same, nonfinite = totals.add(base, spec, num_real)
       if writer is not None:
-        writer.close()
-      raise _nonfinite_error(
-          totals.nonfinite_rows, index * batch_size + num_real, output_dir
-      )
-  seconds.baseline_setup, seconds.speculative_setup = _time_setups(
-      decoders,
-      batches,
-      timing_repeats,
-      gamma=speculative["gamma"],
-      max_decode_len=speculative["max_decode_len"],
-  )
+        writer.add_rows(
+            _rows(
+                texts[index * batch_size : index * batch_size + num_real],
+                vocabulary,
+                base,
+                spec,
+                same,
+                nonfinite,
+            )
+        )
+      if totals.nonfinite_rows and not allow_nonfinite:
+        if writer is not None:
+          writer.close()
+        raise _nonfinite_error(
+            totals.nonfinite_rows, index * batch_size + num_real, output_dir
+        )
+    seconds.baseline_setup, seconds.speculative_setup = _time_setups(
+        decoders,
+        batches,
+        timing_repeats,
+        gamma=speculative["gamma"],
+        max_decode_len=speculative["max_decode_len"],
+    )
   return totals, seconds
 
 

@@ -10,6 +10,7 @@ unwritable one costs nothing (`make_writable_dir`, which the Table 2 sweep
 uses too); so is each file that the other CLIs write (`check_writable_file`).
 """
 
+import contextlib
 import json
 import os
 import pathlib
@@ -84,6 +85,7 @@ class Writer:
         for name in (RESULTS_FILE, OUTPUTS_FILE, CONFIG_FILE)
     )
     self._outputs = None
+    self.num_rows = 0  # Written to outputs.jsonl so far.
 
   def add_rows(self, rows):
     """Appends rows to outputs.jsonl and flushes them to the OS."""
@@ -93,7 +95,18 @@ class Writer:
       self._outputs = open(self.directory / OUTPUTS_FILE, "w", encoding="utf-8")
     for row in rows:
       self._outputs.write(json.dumps(row, ensure_ascii=False) + "\n")
+      self.num_rows += 1
     self._outputs.flush()
+
+  def interrupted(self, num_inputs):
+    """Closes outputs.jsonl; says what an interrupted run kept, and where."""
+    self.close()
+    if not self.num_rows:
+      return f"before the first batch ended; {self.directory} holds no outputs"
+    return (
+        f"after {self.num_rows} of {num_inputs} inputs; their outputs are in "
+        f"{self.directory / OUTPUTS_FILE}"
+    )
 
   def close(self):
     """Closes outputs.jsonl (when a run stops early)."""
@@ -115,6 +128,28 @@ class Writer:
         f"results in {self.directory}/: {RESULTS_FILE}, {OUTPUTS_FILE}, "
         f"{CONFIG_FILE}{replaced}"
     )
+
+
+@contextlib.contextmanager
+def said_on_interrupt(writer, num_inputs):
+  """Ctrl-C in the block closes `writer` and says what outputs.jsonl kept.
+
+  Args:
+    writer: the run's Writer (None off the first host: Ctrl-C passes).
+    num_inputs: the run's inputs.
+
+  Yields:
+    Nothing.
+
+  Raises:
+    KeyboardInterrupt: with the rows written, of num_inputs, and where.
+  """
+  try:
+    yield
+  except KeyboardInterrupt:
+    if writer is None:
+      raise
+    raise KeyboardInterrupt(writer.interrupted(num_inputs)) from None
 
 
 def write_atomically(path, text):

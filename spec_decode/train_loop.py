@@ -4,8 +4,9 @@
 jitted `training.train_step` with dropout keys from `fold_in(seed, step)`, a
 tqdm bar with the running loss, eval loss on a held-out split every
 `eval_every` steps, Orbax checkpoints (`train_checkpoints.py`) every
-`checkpoint_every` steps and resume from the latest, metrics as JSON lines
-and the operative gin config in `model_dir`.
+`checkpoint_every` steps and resume from the latest (Ctrl-C saves the last
+finished step), metrics as JSON lines and the operative gin config in
+`model_dir`. Its settings are checked first (`train_checks.py`).
 
 Usage (a notebook):
   gin_config.parse(["train/multi30k_target.gin"])
@@ -21,8 +22,6 @@ import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import seqio
 import tqdm
 
 from spec_decode import batching
@@ -32,6 +31,7 @@ from spec_decode import growth
 from spec_decode import optimizers  # pylint: disable=unused-import
 from spec_decode import pair
 from spec_decode import train_checkpoints
+from spec_decode import train_checks
 from spec_decode import training
 from spec_decode.models import t5
 
@@ -193,48 +193,68 @@ def _evaluate_at(
   )
 
 
-_EXPORT_DTYPES = ("float32", "bfloat16")
-_FEATURES = ("inputs", "targets")
-
-
-def _check_splits(task, eval_task, eval_split):
-  """The splits train reads exist: evaluation comes after eval_every steps."""
-  for name, split in ((task, "train"), (eval_task or task, eval_split)):
-    splits = seqio.get_mixture_or_task(name).splits
-    if split is not None and split not in splits:
-      raise ValueError(
-          f"seqio task {name} has no split {split!r} (it has "
-          f"{', '.join(splits)})"
-      )
-
-
-def _check_args(
-    optimizer, seed, export_dir, export_dtype, feature_lengths, **counts
+def _train_steps(
+    state,
+    step_fn,
+    train_batches,
+    manager,
+    *,
+    num_steps,
+    log_every,
+    checkpoint_every,
+    metrics_file,
+    evaluate,
+    eval_every,
 ):
-  """What would otherwise fail at the first step, or after the last."""
-  if not isinstance(optimizer, optax.GradientTransformation):
-    raise ValueError(
-        "train.optimizer must be an optax.GradientTransformation, e.g. "
-        f"@optimizers.adamw(), got {optimizer!r}"
+  """Steps to num_steps, logging, evaluating and saving on their schedules.
+
+  Returns:
+    The TrainState at num_steps.
+
+  Raises:
+    KeyboardInterrupt: on Ctrl-C, after saving the last finished step (when
+      it was not saved yet), saying where training resumes.
+  """
+  pending, last_time = [], time.perf_counter()
+  with tqdm.tqdm(
+      total=num_steps, initial=int(state.step), desc="train", dynamic_ncols=True
+  ) as bar:
+    try:
+      for step in range(int(state.step) + 1, num_steps + 1):
+        state, metrics = step_fn(state, next(train_batches))
+        pending.append(metrics)
+        if step % log_every == 0 or step == num_steps:
+          last_time = _log_train_metrics(
+              metrics_file, step, pending, last_time, bar
+          )
+          pending = []
+        if eval_every and (step % eval_every == 0 or step == num_steps):
+          evaluate(step, params=state.params, bar=bar)
+        if step % checkpoint_every == 0 or step == num_steps:
+          train_checkpoints.save(manager, state)
+    except KeyboardInterrupt:
+      raise KeyboardInterrupt(_save_interrupted(manager, state)) from None
+  return state
+
+
+def _save_interrupted(manager, state):
+  """Saves the last finished step, unless saved; says where to resume."""
+  latest = manager.latest_step()
+  if any(leaf.is_deleted() for leaf in jax.tree.leaves(state)):
+    # Stopped inside step_fn, after it took (donated) the state's buffers.
+    saved = f"checkpoint_{latest}" if latest is not None else "no checkpoint"
+    return (
+        f"during a step, which was not saved; {manager.directory} has {saved}"
     )
-  counts.update(
-      {f"feature_lengths['{k}']": feature_lengths.get(k) for k in _FEATURES}
+  step = int(state.step)
+  if not step:
+    return "before the first step; nothing to save"
+  if latest != step:
+    train_checkpoints.save(manager, state)
+  return (
+      f"at step {step}, saved as checkpoint_{step} in {manager.directory}: "
+      "the same command resumes there"
   )
-  for name, value in counts.items():
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ValueError(f"train.{name} must be an int >= 1, got {value!r}")
-  if not isinstance(seed, int) or isinstance(seed, bool):
-    raise ValueError(f"train.seed must be an int, got {seed!r}")
-  if export_dtype not in _EXPORT_DTYPES:
-    raise ValueError(
-        f"train.export_dtype must be one of {_EXPORT_DTYPES}, got "
-        f"{export_dtype!r}"
-    )
-  if export_dir and os.path.exists(export_dir):
-    raise ValueError(
-        f"train.export_dir {export_dir} exists: the export writes a new "
-        "directory; remove it or name another"
-    )
 
 
 @gin.configurable(denylist=["model_config"])
@@ -303,7 +323,7 @@ def train(
     ValueError: on a bad optimizer, count, length, seed, split or export
       setting, before any work.
   """
-  _check_args(
+  train_checks.check_args(
       optimizer,
       seed,
       export_dir,
@@ -316,7 +336,7 @@ def train(
       keep_checkpoints=keep_checkpoints,
       log_every=log_every,
   )
-  _check_splits(task, eval_task, eval_split)
+  train_checks.check_splits(task, eval_task, eval_split)
   model = t5.Transformer(model_config)
   os.makedirs(model_dir, exist_ok=True)
   manager = train_checkpoints.manager(model_dir, keep_checkpoints)
@@ -333,32 +353,26 @@ def train(
   metrics_file = os.path.join(model_dir, "metrics.jsonl")
   with open(os.path.join(model_dir, "config.gin"), "w") as f:
     f.write(gin.operative_config_str())
-  pending, last_time = [], time.perf_counter()
-  with tqdm.tqdm(
-      total=num_steps, initial=start_step, desc="train", dynamic_ncols=True
-  ) as bar:
-    for step in range(start_step + 1, num_steps + 1):
-      state, metrics = step_fn(state, next(train_batches))
-      pending.append(metrics)
-      if step % log_every == 0 or step == num_steps:
-        last_time = _log_train_metrics(
-            metrics_file, step, pending, last_time, bar
-        )
-        pending = []
-      if eval_split and (step % eval_every == 0 or step == num_steps):
-        _evaluate_at(
-            step,
-            eval_fn,
-            state.params,
-            task=eval_task or task,
-            split=eval_split,
-            batch_size=batch_size,
-            feature_lengths=feature_lengths,
-            metrics_file=metrics_file,
-            bar=bar,
-        )
-      if step % checkpoint_every == 0 or step == num_steps:
-        train_checkpoints.save(manager, state)
+  state = _train_steps(
+      state,
+      step_fn,
+      train_batches,
+      manager,
+      num_steps=num_steps,
+      log_every=log_every,
+      checkpoint_every=checkpoint_every,
+      metrics_file=metrics_file,
+      evaluate=functools.partial(
+          _evaluate_at,
+          eval_fn=eval_fn,
+          task=eval_task or task,
+          split=eval_split,
+          batch_size=batch_size,
+          feature_lengths=feature_lengths,
+          metrics_file=metrics_file,
+      ),
+      eval_every=eval_every if eval_split else None,
+  )
   manager.close()
   if export_dir:
     train_checkpoints.export_params(

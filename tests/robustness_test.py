@@ -6,6 +6,8 @@ The other tests of issue 14 are in logits_test.py (non-finite logits in the
 decoding loops), checkpoint_integrity_test.py and offline_test.py.
 """
 
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -25,6 +27,7 @@ import sentencepiece as spm
 
 import run_test
 import tiny_pair
+from spec_decode import cli
 from spec_decode import compare
 from spec_decode import gin_config
 from spec_decode import inputs as inputs_lib
@@ -160,13 +163,41 @@ class RunTest(parameterized.TestCase):
       return trim(batch)
 
     with mock.patch.object(compare.inputs_lib, "trim", trim_then_stop):
-      with self.assertRaises(KeyboardInterrupt):
+      with self.assertRaises(KeyboardInterrupt) as caught:
         self._run(f"run.output_dir = '{out}'")
+    self.assertEqual(
+        caught.exception.args,
+        (f"after 4 of 5 inputs; their outputs are in {out}/outputs.jsonl",),
+    )
     rows = [json.loads(r) for r in (out / "outputs.jsonl").open()]
     self.assertLen(rows, 4)
     self.assertTrue(all(row["identical"] for row in rows))
     # No stale report beside the new outputs.
     self.assertFalse((out / "results.json").exists())
+
+  def test_interrupted_before_any_row_says_so(self):
+    writer = run_outputs.Writer(self.tmp / "no_rows")
+    self.assertEqual(
+        writer.interrupted(5),
+        f"before the first batch ended; {self.tmp / 'no_rows'} holds no "
+        "outputs",
+    )
+
+  def test_ctrl_c_is_one_line_with_status_130(self):
+    for interrupt, line in (
+        (
+            KeyboardInterrupt("after 4 of 5 inputs"),
+            "interrupted after 4 of 5 inputs",
+        ),
+        (KeyboardInterrupt(), "interrupted"),
+    ):
+      stderr = io.StringIO()
+      with contextlib.redirect_stderr(stderr):
+        with self.assertRaises(SystemExit) as caught:
+          with cli.one_line_errors():
+            raise interrupt
+      self.assertEqual(caught.exception.code, 130)
+      self.assertEqual(stderr.getvalue(), line + "\n")
 
   def test_results_json_is_replaced_atomically(self):
     path = self.tmp / "atomic.json"

@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -208,6 +209,60 @@ class TrainLoopTest(absltest.TestCase):
     logits = t5.Transformer(TINY).apply({"params": exported}, tokens, tokens)
     self.assertEqual(logits.shape, (1, 5, 4096))
     self.assertTrue(np.all(np.isfinite(logits)))
+
+  def test_ctrl_c_saves_the_last_step_and_resumes_there(self):
+    log = train_loop._log_train_metrics  # pylint: disable=protected-access
+
+    def log_then_stop(metrics_file, step, *args):
+      since = log(metrics_file, step, *args)
+      if step == 3:  # Saved at 2 (checkpoint_every); 3 is not.
+        raise KeyboardInterrupt
+      return since
+
+    with mock.patch.object(train_loop, "_log_train_metrics", log_then_stop):
+      with self.assertRaises(KeyboardInterrupt) as caught:
+        self._train(4)
+    directory = os.path.abspath(self.model_dir)
+    self.assertEqual(
+        caught.exception.args,
+        (
+            f"at step 3, saved as checkpoint_3 in {directory}: the same "
+            "command resumes there",
+        ),
+    )
+    self.assertEqual(
+        os.path.basename(train_checkpoints.latest_checkpoint(self.model_dir)),
+        "checkpoint_3",
+    )
+    self.assertEqual(int(self._train(4).step), 4)
+    self.assertEqual(
+        [m["step"] for m in self._metrics() if "loss" in m], [1, 2, 3, 4]
+    )
+
+  def test_ctrl_c_inside_a_step_saves_nothing_it_lost(self):
+    make_steps = train_loop._step_functions  # pylint: disable=protected-access
+
+    def steps_that_stop_at_3(*args):
+      step_fn, eval_fn = make_steps(*args)
+
+      def step_then_stop(state, batch):
+        new_state, metrics = step_fn(state, batch)  # Donates `state`.
+        if int(new_state.step) == 3:
+          raise KeyboardInterrupt
+        return new_state, metrics
+
+      return step_then_stop, eval_fn
+
+    with mock.patch.object(train_loop, "_step_functions", steps_that_stop_at_3):
+      with self.assertRaises(KeyboardInterrupt) as caught:
+        self._train(4)
+    self.assertEqual(
+        caught.exception.args,
+        (
+            "during a step, which was not saved; "
+            f"{os.path.abspath(self.model_dir)} has checkpoint_2",
+        ),
+    )
 
   def test_bad_settings_fail_before_any_work(self):
     taken = _tempdir(self)

@@ -143,8 +143,15 @@ def _parse_text(parse_fn, source, bindings):
     ) from None
 
 
-def parse(files=(), bindings=()):
+def parse(files=(), bindings=(), *, skip_unknown=False, finalize=True):
   """Clears gin, then parses `files` (paths, or relative to configs/).
+
+  Args:
+    files: gin files.
+    bindings: gin bindings, applied after the files.
+    skip_unknown: ignore bindings of configurables not imported (a tool that
+      reads a run's files without running it).
+    finalize: lock the config.
 
   Raises:
     ValueError: if a file does not exist, or ends inside a bracket.
@@ -155,9 +162,14 @@ def parse(files=(), bindings=()):
   _check_files_exist(files)
   bindings = list(bindings)
   for file in files:
-    _parse_text(lambda f=file: gin.parse_config_file(f), file, bindings)
-  _parse_text(lambda: gin.parse_config(bindings), _BINDINGS, bindings)
-  gin.finalize()
+    _parse_text(
+        lambda f=file: gin.parse_config_file(f, skip_unknown), file, bindings
+    )
+  _parse_text(
+      lambda: gin.parse_config(bindings, skip_unknown), _BINDINGS, bindings
+  )
+  if finalize:
+    gin.finalize()
 
 
 def model_config_files():

@@ -343,21 +343,26 @@ def table(gin_files, gin_bindings=()):
   """Parses a run's gin files and returns the Markdown table and its notes.
 
   Configurables this module does not import (seqio's vocabulary) are skipped,
-  and required bindings such as run.output_dir are not checked.
+  and required bindings such as run.output_dir are not checked. A run with
+  run.gamma = 'auto' is planned at run.max_gamma.
+
+  Raises:
+    ValueError: on a missing file, or a length or gamma that is no int >= 1.
+    gin_config.GinSyntaxError: on a file or binding that does not parse.
   """
-  gin.clear_config()
-  gin.add_config_file_search_path(str(gin_config.CONFIG_DIR))
-  gin.parse_config_files_and_bindings(
-      list(gin_files),
-      list(gin_bindings),
-      skip_unknown=True,
-      finalize_config=False,
-  )
+  gin_config.parse(gin_files, gin_bindings, skip_unknown=True, finalize=False)
   target_config = pair.model_config("target")
   draft_config = pair.model_config("draft")
-  max_input_len = _run_setting("max_input_len")
-  max_decode_len = _run_setting("max_decode_len")
-  gamma = _run_setting("gamma")
+  settings = {
+      name: _run_setting(name) for name in ("max_input_len", "max_decode_len")
+  }
+  # 'auto' chooses at most max_gamma, whose caches are the largest.
+  gamma_name = "max_gamma" if _run_setting("gamma") == "auto" else "gamma"
+  settings[gamma_name] = _run_setting(gamma_name)
+  for name, value in settings.items():
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
+  max_input_len, max_decode_len, gamma = settings.values()
   capacity = max_decode_len + gamma + 1
   rows = plan(
       target_config,
@@ -369,7 +374,8 @@ def table(gin_files, gin_bindings=()):
       f"GiB per device. Target: {target_config.num_heads} heads, "
       f"{target_config.dtype}; draft: {draft_config.num_heads} heads, "
       f"{draft_config.dtype}. max_input_len {max_input_len}, cache capacity "
-      f"{capacity} (max_decode_len {max_decode_len} + gamma {gamma} + 1). "
+      f"{capacity} (max_decode_len {max_decode_len} + {gamma_name} {gamma} "
+      "+ 1). "
       "The target is split as the rules say; the draft replicated over "
       "'model' or split. Activations and XLA's scratch are not counted."
   )

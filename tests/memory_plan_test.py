@@ -163,6 +163,33 @@ class TableTest(absltest.TestCase):
     self.assertIn("yes (", by_key["v4-8", "(2, 2)", "8", "split"])
     self.assertIn("cache capacity 264", text)
 
+  def test_auto_gamma_is_planned_at_max_gamma(self):
+    text = memory_plan.table(
+        ["t5_1_1_xxl_small_ende.gin"],
+        ["run.gamma = 'auto'", "run.max_gamma = 5"],
+    )
+    self.assertIn(
+        "cache capacity 262 (max_decode_len 256 + max_gamma 5 + 1)", text
+    )
+
+  def test_bad_run_files_are_one_line_errors(self):
+    for files, bindings, message in (
+        (["no_such_run.gin"], [], "^gin file no_such_run.gin not found"),
+        (
+            ["t5_1_1_xxl_small_ende.gin"],
+            ["run.gamma = 'x'"],
+            "^run.gamma must be an int >= 1, got 'x'$",
+        ),
+        (
+            ["t5_1_1_xxl_small_ende.gin"],
+            ["run.max_decode_len = 0"],
+            "^run.max_decode_len must be an int >= 1, got 0$",
+        ),
+    ):
+      with self.subTest(message=message):
+        with self.assertRaisesRegex(ValueError, message):
+          memory_plan.table(files, bindings)
+
 
 if __name__ == "__main__":
   absltest.main()

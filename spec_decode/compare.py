@@ -24,6 +24,7 @@ import gin
 import jax
 
 from spec_decode import call_costs
+from spec_decode import checks
 from spec_decode import calibration as calibration_lib
 from spec_decode import drafts
 from spec_decode import engine
@@ -360,7 +361,7 @@ def _vocabulary(vocabulary):
 
 
 def _check_seed_and_switches(seed, **switches):
-  if not isinstance(seed, int) or isinstance(seed, bool):
+  if not checks.is_int(seed):
     raise ValueError(f"run.seed must be an int, got {seed!r}")
   for name, value in switches.items():
     # A string such as 'False' would be true.

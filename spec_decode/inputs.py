@@ -19,6 +19,8 @@ from absl import logging
 import gin
 import numpy as np
 
+from spec_decode import checks
+
 # T5's end of sequence.
 EOS_ID = 1
 
@@ -52,10 +54,8 @@ def read_inputs(
   """
   if not isinstance(prefix, str):
     raise ValueError(f"read_inputs.prefix must be a string, got {prefix!r}")
-  if num_examples is not None and (
-      not isinstance(num_examples, int)
-      or isinstance(num_examples, bool)
-      or num_examples < 1
+  if num_examples is not None and not (
+      checks.is_int(num_examples) and num_examples >= 1
   ):
     # A -1 would take every example of a task and then drop the last.
     raise ValueError(

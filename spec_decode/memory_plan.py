@@ -26,6 +26,7 @@ import gin
 import jax
 import jax.numpy as jnp
 
+from spec_decode import checks
 from spec_decode import cli
 from spec_decode import compare
 from spec_decode import drafts
@@ -360,7 +361,7 @@ def table(gin_files, gin_bindings=()):
   gamma_name = "max_gamma" if _run_setting("gamma") == "auto" else "gamma"
   settings[gamma_name] = _run_setting(gamma_name)
   for name, value in settings.items():
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not (checks.is_int(value) and value >= 1):
       raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
   max_input_len, max_decode_len, gamma = settings.values()
   capacity = max_decode_len + gamma + 1

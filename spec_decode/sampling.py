@@ -11,10 +11,11 @@ from.
 """
 
 import dataclasses
-import numbers
 
 import jax
 import jax.numpy as jnp
+
+from spec_decode import checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,22 +41,16 @@ class SamplingConfig:
   top_p: float = 1.0
 
   def __post_init__(self):
-    if not (is_number(self.temperature) and self.temperature >= 0):
+    if not (checks.is_number(self.temperature) and self.temperature >= 0):
       raise ValueError(f"temperature must be >= 0, got {self.temperature!r}.")
-    is_int = isinstance(self.top_k, int) and not isinstance(self.top_k, bool)
-    if not (is_int and self.top_k >= 0):
+    if not (checks.is_int(self.top_k) and self.top_k >= 0):
       raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}.")
-    if not (is_number(self.top_p) and 0 < self.top_p <= 1):
+    if not (checks.is_number(self.top_p) and 0 < self.top_p <= 1):
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
 
   @property
   def greedy(self) -> bool:
     return self.temperature == 0
-
-
-def is_number(value):
-  """A real number, bool aside (True is not a temperature or a threshold)."""
-  return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:

@@ -12,8 +12,8 @@ import itertools
 
 import seqio
 
+from spec_decode import checks
 from spec_decode import compare
-from spec_decode import sampling
 from spec_decode import verify
 
 
@@ -140,11 +140,11 @@ def check_axes(
           f"table2.sweep.verifiers: {verifier!r} is not one of "
           f"{verify.VERIFIERS}"
       )
-  if not all(sampling.is_number(t) and 0 <= t < 1 for t in draft_thresholds):
+  if not all(checks.is_number(t) and 0 <= t < 1 for t in draft_thresholds):
     raise ValueError(
         f"table2.sweep.draft_thresholds must be in [0, 1): {draft_thresholds}"
     )
-  if not all(sampling.is_number(t) and t >= 0 for t in temperatures):
+  if not all(checks.is_number(t) and t >= 0 for t in temperatures):
     raise ValueError(f"table2.sweep.temperatures must be >= 0: {temperatures}")
   if not isinstance(num_examples, int) or num_examples < 1:
     raise ValueError(

@@ -10,6 +10,8 @@ import os
 import optax
 import seqio
 
+from spec_decode import checks
+
 _EXPORT_DTYPES = ("float32", "bfloat16")
 _FEATURES = ("inputs", "targets")
 
@@ -38,9 +40,9 @@ def check_args(
       {f"feature_lengths['{k}']": feature_lengths.get(k) for k in _FEATURES}
   )
   for name, value in counts.items():
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not (checks.is_int(value) and value >= 1):
       raise ValueError(f"train.{name} must be an int >= 1, got {value!r}")
-  if not isinstance(seed, int) or isinstance(seed, bool):
+  if not checks.is_int(seed):
     raise ValueError(f"train.seed must be an int, got {seed!r}")
   if export_dtype not in _EXPORT_DTYPES:
     raise ValueError(

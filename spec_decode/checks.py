@@ -1,0 +1,18 @@
+"""What a setting's value must be, for the one-line errors of bad input.
+
+gin passes a binding's value as written, so `run.temperature = 'hot'` or
+`read_inputs.num_examples = True` arrive as a str and a bool. A bool is an
+int to Python, but never a count, a seed, a temperature or a threshold.
+"""
+
+import numbers
+
+
+def is_number(value):
+  """A real number (numpy's scalars too), bool aside."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_int(value):
+  """A Python int, bool aside."""
+  return isinstance(value, int) and not isinstance(value, bool)

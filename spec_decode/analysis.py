@@ -16,6 +16,8 @@ target step's, and c_hat the ratio of their arithmetic operations per token.
 
 import numpy as np
 
+from spec_decode import checks
+
 # Largest gamma `optimal_gamma` considers by default. With alpha = 1 the
 # improvement grows without bound in gamma (towards 1 / c), so a cap is needed;
 # 64 is far beyond the paper's gammas (at most 10).
@@ -25,7 +27,7 @@ _MAX_GAMMA = 64
 def _check(alpha: float, gamma: int) -> None:
   if not 0 <= alpha <= 1:
     raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
-  if not isinstance(gamma, (int, np.integer)) or gamma < 0:
+  if not checks.is_integer(gamma) or gamma < 0:
     raise ValueError(f"gamma must be an int >= 0, got {gamma!r}.")
 
 
@@ -114,7 +116,7 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = _MAX_GAMMA) -> int:
   Returns:
     The maximizing gamma; the smallest one on ties.
   """
-  if not isinstance(max_gamma, int) or max_gamma < 1:
+  if not checks.is_int(max_gamma) or max_gamma < 1:
     raise ValueError(f"max_gamma must be an int >= 1, got {max_gamma!r}.")
   improvements = [
       walltime_improvement(alpha, gamma, c) for gamma in range(1, max_gamma + 1)

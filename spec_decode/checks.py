@@ -7,6 +7,8 @@ int to Python, but never a count, a seed, a temperature or a threshold.
 
 import numbers
 
+import numpy as np
+
 
 def is_number(value):
   """A real number (numpy's scalars too), bool aside."""
@@ -16,3 +18,8 @@ def is_number(value):
 def is_int(value):
   """A Python int, bool aside."""
   return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_integer(value):
+  """A Python int or a numpy integer, bool aside."""
+  return is_int(value) or isinstance(value, np.integer)

@@ -59,7 +59,7 @@ def ngram_params(kind, corpus_path, vocabulary, vocab_size):
 def _check_args(
     gamma, draft, batch_size, max_input_len, max_decode_len, timing_repeats
 ):
-  if gamma != "auto" and (not isinstance(gamma, int) or gamma < 1):
+  if gamma != "auto" and (not checks.is_int(gamma) or gamma < 1):
     raise ValueError(f"run.gamma must be an int >= 1 or 'auto', got {gamma!r}")
   if draft not in DRAFT_KINDS:
     raise ValueError(f"run.draft must be one of {DRAFT_KINDS}, got {draft!r}")
@@ -69,7 +69,7 @@ def _check_args(
       ("max_decode_len", max_decode_len),
       ("timing_repeats", timing_repeats),
   ):
-    if not isinstance(value, int) or value < 1:
+    if not checks.is_int(value) or value < 1:
       raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
   if gamma != "auto" and gamma > max_decode_len:
     raise ValueError(
@@ -374,9 +374,7 @@ def _check_policy(verifier, draft_threshold, max_gamma, calibration_batches):
     raise ValueError(
         f"run.verifier must be one of {verify.VERIFIERS}, got {verifier!r}"
     )
-  if not isinstance(draft_threshold, (int, float)) or not (
-      0 <= draft_threshold < 1
-  ):
+  if not checks.is_number(draft_threshold) or not (0 <= draft_threshold < 1):
     raise ValueError(
         f"run.draft_threshold must be in [0, 1), got {draft_threshold!r}"
     )
@@ -384,7 +382,7 @@ def _check_policy(verifier, draft_threshold, max_gamma, calibration_batches):
       ("max_gamma", max_gamma),
       ("calibration_batches", calibration_batches),
   ):
-    if not isinstance(value, int) or value < 1:
+    if not checks.is_int(value) or value < 1:
       raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
 
 

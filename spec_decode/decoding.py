@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import checks
 from spec_decode import key_buckets
 from spec_decode import sampling
 
@@ -82,11 +83,11 @@ class DecodeLoopState:
 
 def check_decode_args(max_decode_len: int, eos_id: int) -> None:
   """Raises ValueError, in one line, on arguments no loop can run with."""
-  if not isinstance(max_decode_len, int) or max_decode_len < 1:
+  if not checks.is_int(max_decode_len) or max_decode_len < 1:
     raise ValueError(
         f"max_decode_len must be an int >= 1, got {max_decode_len!r}."
     )
-  if not isinstance(eos_id, (int, np.integer)):
+  if not checks.is_integer(eos_id):
     raise ValueError(f"eos_id must be an int, got {eos_id!r}.")
 
 

@@ -25,6 +25,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
 import numpy as np
 
+from spec_decode import checks
+
 MESH_AXES = ("data", "model")
 
 # t5x's standard rules (`standard_logical_axis_rules` with 1-D model
@@ -87,14 +89,14 @@ def make_mesh(model_parallel=1, num_devices=None):
   """
   devices = jax.devices()
   if num_devices is not None:
-    if not isinstance(num_devices, int) or not 1 <= num_devices <= len(devices):
+    if not checks.is_int(num_devices) or not 1 <= num_devices <= len(devices):
       raise ValueError(
           f"make_mesh.num_devices must be an int in [1, {len(devices)}], got "
           f"{num_devices!r}"
       )
     devices = devices[:num_devices]
   if (
-      not isinstance(model_parallel, int)
+      not checks.is_int(model_parallel)
       or model_parallel < 1
       or len(devices) % model_parallel
   ):

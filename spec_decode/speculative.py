@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from spec_decode import checks
 from spec_decode import decoding
 from spec_decode import draft_loop
 from spec_decode import key_buckets
@@ -124,15 +125,13 @@ def speculative_decode(
   Returns:
     A `SpeculativeResult`, and with `return_caches` the two caches.
   """
-  if not isinstance(gamma, int) or gamma < 1:
+  if not checks.is_int(gamma) or gamma < 1:
     raise ValueError(f"gamma must be an int >= 1, got {gamma!r}.")
   if verifier not in verify_lib.VERIFIERS:
     raise ValueError(
         f"verifier must be one of {verify_lib.VERIFIERS}, got {verifier!r}."
     )
-  if not isinstance(draft_threshold, (int, float)) or not (
-      0 <= draft_threshold < 1
-  ):
+  if not checks.is_number(draft_threshold) or not (0 <= draft_threshold < 1):
     raise ValueError(
         f"draft_threshold must be in [0, 1), got {draft_threshold!r}."
     )

@@ -169,6 +169,11 @@ def sweep(
     ValueError: on a bad axis, or a table to resume from another setting.
     RuntimeError: when a point fails, with a one-line message naming it.
   """
+  for name, value in (("resume", resume), ("progress", progress)):
+    if not isinstance(value, bool):
+      raise ValueError(
+          f"table2.sweep.{name} must be True or False, got {value!r}"
+      )
   table2_points.check_axes(
       tasks,
       drafts,

@@ -126,11 +126,11 @@ def check_axes(
       raise ValueError(
           f"table2.sweep.drafts: {draft!r} is not one of {compare.DRAFT_KINDS}"
       )
-  if not all(isinstance(v, int) and v >= 1 for v in batch_sizes):
+  if not all(checks.is_int(v) and v >= 1 for v in batch_sizes):
     raise ValueError(
         f"table2.sweep.batch_sizes must be ints >= 1: {batch_sizes}"
     )
-  if not all(g == "auto" or isinstance(g, int) and g >= 1 for g in gammas):
+  if not all(g == "auto" or checks.is_int(g) and g >= 1 for g in gammas):
     raise ValueError(
         f"table2.sweep.gammas must be ints >= 1 or 'auto': {gammas}"
     )
@@ -146,7 +146,7 @@ def check_axes(
     )
   if not all(checks.is_number(t) and t >= 0 for t in temperatures):
     raise ValueError(f"table2.sweep.temperatures must be >= 0: {temperatures}")
-  if not isinstance(num_examples, int) or num_examples < 1:
+  if not checks.is_int(num_examples) or num_examples < 1:
     raise ValueError(
         f"table2.sweep.num_examples must be an int >= 1, got {num_examples!r}"
     )

@@ -101,6 +101,16 @@ class InvalidArgumentsTest(parameterized.TestCase):
       ("c_hat", lambda: analysis.operations_factor(0.5, 2, -1.0), "c_hat"),
       ("max_gamma", lambda: analysis.optimal_gamma(0.5, 0.1, 0), "max_gamma"),
       (
+          "max_gamma_bool",
+          lambda: analysis.optimal_gamma(0.5, 0.1, True),
+          "max_gamma",
+      ),
+      (
+          "gamma_bool",
+          lambda: analysis.expected_tokens_per_call(0.5, True),
+          "gamma",
+      ),
+      (
           "tokens_per_call",
           lambda: analysis.call_cost_speedup(0.0, 2, 1.0, 1.0, 0.1),
           "tokens_per_call",

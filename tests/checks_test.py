@@ -20,6 +20,12 @@ class ChecksTest(absltest.TestCase):
     for value in (True, False, 2.0, "3", None, np.float32(1)):
       self.assertFalse(checks.is_int(value), value)
 
+  def test_integers(self):
+    for value in (0, -1, np.int32(3), np.int64(-2)):
+      self.assertTrue(checks.is_integer(value), value)
+    for value in (True, np.bool_(True), 2.0, np.float32(1), "3", None):
+      self.assertFalse(checks.is_integer(value), value)
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -71,6 +71,8 @@ class AutoregressiveDecodeTest(parameterized.TestCase):
       ("zero_length", dict(max_decode_len=0), "max_decode_len"),
       ("float_length", dict(max_decode_len=4.0), "max_decode_len"),
       ("float_eos", dict(max_decode_len=4, eos_id=1.0), "eos_id"),
+      ("bool_length", dict(max_decode_len=True), "max_decode_len"),
+      ("bool_eos", dict(max_decode_len=4, eos_id=True), "eos_id"),
   )
   def test_invalid_arguments_raise(self, kwargs, name):
     model = fake_models.random_model(0, 4)

@@ -294,6 +294,24 @@ class ShardedDecodingTest(parameterized.TestCase):
       )
 
 
+class MakeMeshTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("too_many_devices", dict(num_devices=9), "num_devices must be an int"),
+      # A bool is an int to Python: these were 1 device and no split.
+      ("bool_devices", dict(num_devices=True), "num_devices must be an int"),
+      ("bool_split", dict(model_parallel=True), "model_parallel must be a"),
+      ("no_divisor", dict(model_parallel=3), "model_parallel must be a"),
+  )
+  def test_bad_settings_are_one_line(self, kwargs, message):
+    with self.assertRaisesRegex(ValueError, f"^make_mesh.{message}"):
+      partitioning.make_mesh(**kwargs)
+
+  def test_mesh_shape(self):
+    mesh = partitioning.make_mesh(model_parallel=2, num_devices=4)
+    self.assertEqual(dict(mesh.shape), {"data": 2, "model": 2})
+
+
 class ShardedLoadTest(absltest.TestCase):
 
   def test_each_host_reads_only_its_shards(self):

@@ -306,6 +306,18 @@ class RunTest(parameterized.TestCase):
           r"run.draft_threshold must be in \[0, 1\)",
       ),
       ("max_gamma", "run.max_gamma = 0", "run.max_gamma must be an int >= 1"),
+      # A bool is an int to Python; these were gamma 1 and batch 1.
+      ("gamma_bool", "run.gamma = True", "gamma must be an int >= 1"),
+      (
+          "batch_size_bool",
+          "run.batch_size = True",
+          "run.batch_size must be an int >= 1, got True",
+      ),
+      (
+          "draft_threshold_bool",
+          "run.draft_threshold = False",
+          r"run.draft_threshold must be in \[0, 1\), got False",
+      ),
       ("temperature", "run.temperature = -0.5", "temperature must be >= 0"),
       (
           "temperature_name",

@@ -180,6 +180,8 @@ class CountingTest(parameterized.TestCase):
   @parameterized.named_parameters(
       ("zero_gamma", dict(gamma=0), "gamma"),
       ("float_gamma", dict(gamma=2.0), "gamma"),
+      ("bool_gamma", dict(gamma=True), "gamma"),
+      ("bool_threshold", dict(draft_threshold=False), "draft_threshold"),
       ("zero_length", dict(max_decode_len=0), "max_decode_len"),
   )
   def test_invalid_arguments_raise(self, kwargs, name):

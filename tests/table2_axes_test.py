@@ -170,6 +170,13 @@ class Table2AxesTest(tiny_table2.TinyTable2TestCase):
         # Not a TypeError from comparing a string.
         (dict(temperatures=["hot"]), "temperatures must be >= 0: \\['hot'\\]"),
         (dict(draft_thresholds=["0.5"]), "draft_thresholds must be in"),
+        # A bool is an int to Python: these were batch 1 and gamma 1.
+        (dict(batch_sizes=[True]), "batch_sizes must be ints >= 1"),
+        (dict(gammas=[True]), "gammas must be ints >= 1 or 'auto'"),
+        (dict(num_examples=True), "num_examples must be an int >= 1"),
+        # Any string was true: the sweep resumed.
+        (dict(resume="False"), "resume must be True or False, got 'False'"),
+        (dict(progress="no"), "progress must be True or False, got 'no'"),
     ):
       with self.assertRaisesRegex(ValueError, message):
         table2.sweep(

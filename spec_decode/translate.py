@@ -12,9 +12,15 @@ decoder) at the run's max_input_len and max_decode_len, greedily or, with
 (sacrebleu, 13a). It also writes the target outputs that
 configs/train/multi30k_draft_distill.gin distills a draft from, and the
 samples that configs/train/multi30k_draft_shared2_sampled.gin does.
+
+With --output, each finished batch is kept in `<output>.progress.jsonl`
+until the outputs are written: Ctrl-C or a failure loses at most the batch
+in flight, and the same command resumes after the batches kept
+(`translate_progress.py`).
 """
 
 import pathlib
+import sys
 
 from absl import flags
 import gin
@@ -30,6 +36,7 @@ from spec_decode import pair
 from spec_decode import partitioning
 from spec_decode import run_outputs
 from spec_decode import sampling
+from spec_decode import translate_progress
 
 _INPUT = flags.DEFINE_string("input", None, "Source sentences.", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Where outputs go.")
@@ -51,6 +58,7 @@ def translate(
     max_decode_len,
     temperature=0.0,
     seed=0,
+    progress=None,
 ):
   """The target's outputs for `sources` (longer inputs are truncated).
 
@@ -62,9 +70,14 @@ def translate(
     max_decode_len: most tokens per output.
     temperature: 0 for greedy outputs, else the sampling temperature.
     seed: the samples' seed; batch i samples with its i-th fold.
+    progress: a `translate_progress.Progress`: its batches are not decoded
+      again, and each batch decoded is added to it.
 
   Returns:
     N output strings.
+
+  Raises:
+    KeyboardInterrupt: on Ctrl-C, saying what `progress` kept.
   """
   from spec_decode import data  # pylint: disable=g-import-not-at-top
 
@@ -77,28 +90,49 @@ def translate(
   target = pair.load_model("target", mesh)
   decoders = engine.Engine(mesh, target.model, target.params)
   config = sampling.SamplingConfig(temperature=temperature)
-  outputs = []
-  for index, (batch, num_real) in enumerate(
-      tqdm.tqdm(
-          list(inputs_lib.batches(tokens[order], batch_size)), unit="batch"
-      )
-  ):
-    result = decoders.baseline(
-        decoders.place_inputs(batch),
-        jax.random.fold_in(jax.random.key(seed), index),
-        max_decode_len=max_decode_len,
-        config=config,
+  batches = list(inputs_lib.batches(tokens[order], batch_size))
+  done = {} if progress is None else progress.done
+  if done:
+    print(
+        f"resuming after {len(done)} of {len(batches)} batches",
+        file=sys.stderr,
     )
-    sequences, lengths = jax.device_get((result.sequences, result.lengths))
-    for row in range(num_real):
-      ids = [int(i) for i in sequences[row, : lengths[row]]]
-      if ids[-1:] == [inputs_lib.EOS_ID]:
-        ids = ids[:-1]
-      outputs.append(vocabulary.decode(ids))
+  outputs = []
+  try:
+    for index, (batch, num_real) in enumerate(tqdm.tqdm(batches, unit="batch")):
+      if index in done:
+        outputs.extend(done[index])
+        continue
+      result = decoders.baseline(
+          decoders.place_inputs(batch),
+          jax.random.fold_in(jax.random.key(seed), index),
+          max_decode_len=max_decode_len,
+          config=config,
+      )
+      batch_outputs = _texts(result, num_real, vocabulary)
+      if progress is not None:
+        progress.add(index, batch_outputs)
+      outputs.extend(batch_outputs)
+  except KeyboardInterrupt:
+    if progress is None:
+      raise
+    raise KeyboardInterrupt(progress.interrupted(len(batches))) from None
   restored = [""] * len(outputs)
   for position, index in enumerate(order):
     restored[index] = outputs[position]
   return restored
+
+
+def _texts(result, num_real, vocabulary):
+  """A batch's outputs, its first `num_real` rows, as text."""
+  sequences, lengths = jax.device_get((result.sequences, result.lengths))
+  outputs = []
+  for row in range(num_real):
+    ids = [int(i) for i in sequences[row, : lengths[row]]]
+    if ids[-1:] == [inputs_lib.EOS_ID]:
+      ids = ids[:-1]
+    outputs.append(vocabulary.decode(ids))
+  return outputs
 
 
 def _lines(path, flag):
@@ -118,17 +152,37 @@ def main(argv):
     # pylint: disable-next=g-import-not-at-top
     from spec_decode import vocabulary
 
+    lengths = (
+        gin.query_parameter("run.max_input_len"),
+        gin.query_parameter("run.max_decode_len"),
+    )
+    progress = None
+    if _OUTPUT.value:
+      progress = translate_progress.Progress(
+          _OUTPUT.value + translate_progress.SUFFIX,
+          translate_progress.setting(
+              sources,
+              _BATCH_SIZE.value,
+              lengths,
+              _TEMPERATURE.value,
+              _SEED.value,
+              gin.config_str(),
+          ),
+      )
     outputs = translate(
         sources,
         vocabulary.bound_for_run(),
         _BATCH_SIZE.value,
-        gin.query_parameter("run.max_input_len"),
-        gin.query_parameter("run.max_decode_len"),
+        *lengths,
         _TEMPERATURE.value,
         _SEED.value,
+        progress,
     )
-    if _OUTPUT.value:
-      pathlib.Path(_OUTPUT.value).write_text("\n".join(outputs) + "\n")
+    if progress is not None:
+      run_outputs.write_atomically(
+          pathlib.Path(_OUTPUT.value), "\n".join(outputs) + "\n"
+      )
+      progress.finish()
     if references is not None:
       from spec_decode import data  # pylint: disable=g-import-not-at-top
 

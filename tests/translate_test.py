@@ -16,6 +16,7 @@ import seqio
 from spec_decode import data  # pylint: disable=unused-import
 from spec_decode import gin_config
 from spec_decode import translate
+from spec_decode import translate_progress
 from spec_decode import vocabulary  # pylint: disable=unused-import
 
 _REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -106,6 +107,40 @@ class TranslateTest(absltest.TestCase):
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
     self.assertIn("BLEU 100.00 (3 sentences", done.stdout)
     self.assertEqual((tmp / "out.de").read_text().splitlines(), outputs)
+    # The batches kept for a resume go once the outputs are written.
+    self.assertFalse((tmp / "out.de.progress.jsonl").exists())
+
+  def test_an_interrupted_run_resumes_to_the_same_outputs(self):
+    # Sampled, so that a resumed batch must sample with its own index's key.
+    whole = translate.translate(_SOURCES, _vocabulary(), 2, 64, 64, 1.0, 5)
+    path = pathlib.Path(tempfile.mkdtemp()) / "out.de.progress.jsonl"
+    setting = translate_progress.setting(_SOURCES, 2, (64, 64), 1.0, 5, "")
+    progress = translate_progress.Progress(path, setting)
+    add = progress.add
+
+    def add_then_stop(index, outputs):
+      add(index, outputs)
+      if len(progress.done) == 2:
+        raise KeyboardInterrupt
+
+    progress.add = add_then_stop
+    with self.assertRaisesRegex(KeyboardInterrupt, "^after 2 of 3 batches"):
+      translate.translate(_SOURCES, _vocabulary(), 2, 64, 64, 1.0, 5, progress)
+    resumed = translate_progress.Progress(path, setting)
+    self.assertEqual(sorted(resumed.done), [0, 1])
+    decoded = []
+    add_again = resumed.add
+    resumed.add = lambda index, outputs: (
+        decoded.append(index),
+        add_again(index, outputs),
+    )
+    self.assertEqual(
+        translate.translate(
+            _SOURCES, _vocabulary(), 2, 64, 64, 1.0, 5, resumed
+        ),
+        whole,
+    )
+    self.assertEqual(decoded, [2])
 
   def test_cli_checks_every_file_before_decoding(self):
     tmp = pathlib.Path(tempfile.mkdtemp())
@@ -126,6 +161,18 @@ class TranslateTest(absltest.TestCase):
         self.assertEqual(done.returncode, 1)
         # One line, and no progress bar: nothing was decoded.
         self.assertEqual(done.stderr.splitlines(), [error])
+    # Batches kept by a run of another setting are not mixed in.
+    stale = tmp / "stale.de.progress.jsonl"
+    stale.write_text('{"seed": 9}\n{"batch": 0, "outputs": ["x"]}\n')
+    done = _translate_cli(
+        f"--input={tmp / 'inputs.en'}", f"--output={tmp / 'stale.de'}"
+    )
+    self.assertEqual(done.returncode, 1)
+    self.assertRegex(
+        done.stderr,
+        f"^error: {stale} holds the batches of another setting \\(differing "
+        "in batch_size, .*, temperature\\): remove it to start over\n$",
+    )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ run.draft = 'lookup' (prompt lookup).
 """
 
 import dataclasses
+import functools
 import json
+import pathlib
 
 from absl import flags
 import gin
@@ -94,23 +96,64 @@ def main(argv):
         )
         for t in temperatures
     ]
-    estimates = teacher_forced.measure(
-        tokens,
-        configs,
-        _BATCH_SIZE.value,
-        max_decode_len,
-        references,
-        _SEED.value,
-        model_free,
+    estimates = kept_estimates(
+        functools.partial(
+            teacher_forced.measure,
+            tokens,
+            configs,
+            _BATCH_SIZE.value,
+            max_decode_len,
+            references,
+            _SEED.value,
+            model_free,
+        ),
+        len(configs),
+        _OUTPUT.value,
     )
     print(format_estimates(estimates))
-    if _OUTPUT.value:
-      with open(_OUTPUT.value, "w") as f:
-        records = [
-            {**dataclasses.asdict(e), "tokens_per_call": e.tokens_per_call()}
-            for e in estimates
-        ]
-        f.write(json.dumps(records, indent=2) + "\n")
+
+
+def kept_estimates(measure, num_configs, output):
+  """Runs `measure`, keeping each estimate as it comes: none is lost to
+  Ctrl-C or a failure at a later temperature.
+
+  Args:
+    measure: `teacher_forced.measure` with its arguments but on_estimate.
+    num_configs: the temperatures measured.
+    output: where the estimates so far are written (JSON) after each one,
+      or None.
+
+  Returns:
+    The AlphaEstimates.
+
+  Raises:
+    KeyboardInterrupt: on Ctrl-C, after printing the estimates made so far,
+      saying where they are.
+  """
+  estimates = []
+
+  def keep(estimate):
+    estimates.append(estimate)
+    if output:
+      records = [
+          {**dataclasses.asdict(e), "tokens_per_call": e.tokens_per_call()}
+          for e in estimates
+      ]
+      run_outputs.write_atomically(
+          pathlib.Path(output), json.dumps(records, indent=2) + "\n"
+      )
+
+  try:
+    measure(on_estimate=keep)
+  except KeyboardInterrupt:
+    if not estimates:
+      raise
+    print(format_estimates(estimates))
+    where = f"; they are in {output}" if output else ""
+    raise KeyboardInterrupt(
+        f"after {len(estimates)} of {num_configs} temperatures{where}"
+    ) from None
+  return estimates
 
 
 def _temperature(text):

@@ -279,6 +279,7 @@ def measure(
     references=None,
     seed=0,
     model_free=None,
+    on_estimate=None,
 ):
   """Alpha of the run's draft for its target at each of `configs`.
 
@@ -291,6 +292,7 @@ def measure(
     seed: seeds the target's samples.
     model_free: a draft with no model to score (a drafts.NgramModel or a
       lookup.PromptLookup); None loads the T5 draft of the draft/ scope.
+    on_estimate: called with each AlphaEstimate as soon as it is made.
 
   Returns:
     A list of AlphaEstimates, one per config.
@@ -322,4 +324,6 @@ def measure(
         seed,
     )
     estimates.append(estimate(betas["draft"], lengths, config.temperature))
+    if on_estimate is not None:
+      on_estimate(estimates[-1])
   return estimates

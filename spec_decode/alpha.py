@@ -18,14 +18,12 @@ scope), run.draft = 'unigram' or 'bigram' over run.ngram_corpus, or
 run.draft = 'lookup' (prompt lookup).
 """
 
-import dataclasses
 import functools
-import json
-import pathlib
 
 from absl import flags
 import gin
 
+from spec_decode import alpha_report
 from spec_decode import cli
 from spec_decode import compare
 from spec_decode import inputs as inputs_lib
@@ -44,21 +42,6 @@ _BATCH_SIZE = flags.DEFINE_integer(
 )
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds the target's samples.")
-
-
-def format_estimates(estimates):
-  """One line per temperature: alpha, its error, tokens per call by gamma."""
-  header = "temperature  alpha   s.e.    positions  tokens/call at gamma " + (
-      " ".join(f"{g:>5d}" for g in teacher_forced.GAMMAS)
-  )
-  lines = [header]
-  for e in estimates:
-    calls = " ".join(f"{t:5.2f}" for t in e.tokens_per_call().values())
-    lines.append(
-        f"{e.temperature:<11g}  {e.alpha:.3f}  {e.standard_error:.4f}  "
-        f"{e.positions:>9d}  {'':20s} {calls}"
-    )
-  return "\n".join(lines)
 
 
 def main(argv):
@@ -96,7 +79,7 @@ def main(argv):
         )
         for t in temperatures
     ]
-    estimates = kept_estimates(
+    estimates = alpha_report.kept_estimates(
         functools.partial(
             teacher_forced.measure,
             tokens,
@@ -110,50 +93,7 @@ def main(argv):
         len(configs),
         _OUTPUT.value,
     )
-    print(format_estimates(estimates))
-
-
-def kept_estimates(measure, num_configs, output):
-  """Runs `measure`, keeping each estimate as it comes: none is lost to
-  Ctrl-C or a failure at a later temperature.
-
-  Args:
-    measure: `teacher_forced.measure` with its arguments but on_estimate.
-    num_configs: the temperatures measured.
-    output: where the estimates so far are written (JSON) after each one,
-      or None.
-
-  Returns:
-    The AlphaEstimates.
-
-  Raises:
-    KeyboardInterrupt: on Ctrl-C, after printing the estimates made so far,
-      saying where they are.
-  """
-  estimates = []
-
-  def keep(estimate):
-    estimates.append(estimate)
-    if output:
-      records = [
-          {**dataclasses.asdict(e), "tokens_per_call": e.tokens_per_call()}
-          for e in estimates
-      ]
-      run_outputs.write_atomically(
-          pathlib.Path(output), json.dumps(records, indent=2) + "\n"
-      )
-
-  try:
-    measure(on_estimate=keep)
-  except KeyboardInterrupt:
-    if not estimates:
-      raise
-    print(format_estimates(estimates))
-    where = f"; they are in {output}" if output else ""
-    raise KeyboardInterrupt(
-        f"after {len(estimates)} of {num_configs} temperatures{where}"
-    ) from None
-  return estimates
+    print(alpha_report.format_estimates(estimates))
 
 
 def _temperature(text):

@@ -20,6 +20,17 @@ def is_int(value):
   return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_count(value, name):
+  """Raises the one-line ValueError unless `value` is an int >= 1.
+
+  Args:
+    value: the setting's value.
+    name: the setting, as the user writes it (run.batch_size).
+  """
+  if not (is_int(value) and value >= 1):
+    raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def is_integer(value):
   """A Python int or a numpy integer, bool aside."""
   return is_int(value) or isinstance(value, np.integer)

@@ -69,8 +69,7 @@ def _check_args(
       ("max_decode_len", max_decode_len),
       ("timing_repeats", timing_repeats),
   ):
-    if not checks.is_int(value) or value < 1:
-      raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
+    checks.check_count(value, f"run.{name}")
   if gamma != "auto" and gamma > max_decode_len:
     raise ValueError(
         f"run.gamma {gamma} exceeds run.max_decode_len {max_decode_len}: "
@@ -382,8 +381,7 @@ def _check_policy(verifier, draft_threshold, max_gamma, calibration_batches):
       ("max_gamma", max_gamma),
       ("calibration_batches", calibration_batches),
   ):
-    if not checks.is_int(value) or value < 1:
-      raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
+    checks.check_count(value, f"run.{name}")
 
 
 def _check_vocabulary(vocabulary, target_config):

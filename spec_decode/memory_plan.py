@@ -361,8 +361,7 @@ def table(gin_files, gin_bindings=()):
   gamma_name = "max_gamma" if _run_setting("gamma") == "auto" else "gamma"
   settings[gamma_name] = _run_setting(gamma_name)
   for name, value in settings.items():
-    if not (checks.is_int(value) and value >= 1):
-      raise ValueError(f"run.{name} must be an int >= 1, got {value!r}")
+    checks.check_count(value, f"run.{name}")
   max_input_len, max_decode_len, gamma = settings.values()
   capacity = max_decode_len + gamma + 1
   rows = plan(

@@ -146,10 +146,7 @@ def check_axes(
     )
   if not all(checks.is_number(t) and t >= 0 for t in temperatures):
     raise ValueError(f"table2.sweep.temperatures must be >= 0: {temperatures}")
-  if not checks.is_int(num_examples) or num_examples < 1:
-    raise ValueError(
-        f"table2.sweep.num_examples must be an int >= 1, got {num_examples!r}"
-    )
+  checks.check_count(num_examples, "table2.sweep.num_examples")
 
 
 # Rows of tables made before the verifier and early stop: token-wise, no stop.

@@ -40,8 +40,7 @@ def check_args(
       {f"feature_lengths['{k}']": feature_lengths.get(k) for k in _FEATURES}
   )
   for name, value in counts.items():
-    if not (checks.is_int(value) and value >= 1):
-      raise ValueError(f"train.{name} must be an int >= 1, got {value!r}")
+    checks.check_count(value, f"train.{name}")
   if not checks.is_int(seed):
     raise ValueError(f"train.seed must be an int, got {seed!r}")
   if export_dtype not in _EXPORT_DTYPES:

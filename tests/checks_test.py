@@ -20,6 +20,14 @@ class ChecksTest(absltest.TestCase):
     for value in (True, False, 2.0, "3", None, np.float32(1)):
       self.assertFalse(checks.is_int(value), value)
 
+  def test_count(self):
+    checks.check_count(3, "run.batch_size")
+    for value in (0, -1, True, 2.0, "3", None):
+      with self.assertRaisesRegex(
+          ValueError, f"^run.batch_size must be an int >= 1, got {value!r}$"
+      ):
+        checks.check_count(value, "run.batch_size")
+
   def test_integers(self):
     for value in (0, -1, np.int32(3), np.int64(-2)):
       self.assertTrue(checks.is_integer(value), value)

@@ -192,6 +192,15 @@ MUTATIONS = (
         "law_of_the_emitted_tokens",
     ),
     Mutation(
+        "config_leaves_swapped",
+        "a traced sampling config gets its temperature and top_p swapped",
+        "spec_decode/sampling.py",
+        r'zip\(\("temperature", "top_p"\), leaves\)',
+        'zip(("top_p", "temperature"), leaves)',
+        "tests/sampling_test.py",
+        "SamplingConfig",
+    ),
+    Mutation(
         "pool_returns_before_its_workers",
         "the kernel's pool returns without waiting for the workers that joined",
         "spec_decode/kernels/spin_pool.h",

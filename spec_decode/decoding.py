@@ -149,7 +149,7 @@ def autoregressive_decode(
   )
 
 
-@jax.jit(static_argnames=("max_decode_len", "eos_id", "config", "return_cache"))
+@jax.jit(static_argnames=("max_decode_len", "eos_id", "return_cache"))
 def _autoregressive_decode(
     target_fn,
     cache,

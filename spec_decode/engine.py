@@ -78,13 +78,9 @@ class Engine:
     target_fn, cache = self.baseline_setup(
         inputs, max_decode_len=max_decode_len
     )
-    args = (target_fn, cache, self._place_key(rng))
+    args = (target_fn, cache, self._place_key(rng), self._place(config))
     return self._loop(
-        _baseline_loop,
-        args,
-        donate=(1,),
-        max_decode_len=max_decode_len,
-        config=config,
+        _baseline_loop, args, donate=(1,), max_decode_len=max_decode_len
     )
 
   def speculative(
@@ -103,14 +99,13 @@ class Engine:
         inputs, gamma=gamma, max_decode_len=max_decode_len
     )
     args = (target_fn, draft_fn, target_cache, draft_cache)
-    args += (self._place_key(rng),)
+    args += (self._place_key(rng), self._place(config))
     return self._loop(
         _speculative_loop,
         args,
         donate=(2, 3),
         gamma=gamma,
         max_decode_len=max_decode_len,
-        config=config,
         verifier=verifier,
         draft_threshold=draft_threshold,
     )
@@ -262,8 +257,18 @@ class Engine:
 
   def _place_key(self, rng):
     """The PRNG key's data, replicated: uint32 [2] for threefry."""
-    return partitioning.place(
-        jax.random.key_data(rng), partitioning.replicated(self.mesh)
+    return self._place(jax.random.key_data(rng))
+
+  def _place(self, tree):
+    """A pytree of host values, replicated: a key's data, or a sampling
+    config, whose temperature and top_p become float32 [] arrays (one
+    compiled loop for all their values)."""
+    replicated = partitioning.replicated(self.mesh)
+    return jax.tree.map(
+        lambda x: partitioning.place(
+            np.float32(x) if isinstance(x, float) else x, replicated
+        ),
+        tree,
     )
 
   def _loop(self, decode, args, donate, **static):
@@ -297,7 +302,7 @@ class Engine:
       return _COMPILED[key](*args)[0]
 
 
-def _baseline_loop(target_fn, cache, key_data, *, max_decode_len, config):
+def _baseline_loop(target_fn, cache, key_data, config, *, max_decode_len):
   return decoding.autoregressive_decode(
       target_fn,
       cache,
@@ -315,10 +320,10 @@ def _speculative_loop(
     target_cache,
     draft_cache,
     key_data,
+    config,
     *,
     gamma,
     max_decode_len,
-    config,
     verifier,
     draft_threshold,
 ):

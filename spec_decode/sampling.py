@@ -18,13 +18,21 @@ import jax.numpy as jnp
 from spec_decode import checks
 
 
+@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How logits become a sampling distribution.
 
   Applied in this order: temperature, then top-k, then top-p (the order of
-  Hugging Face's default logits processors). Frozen and hashable, so that jitted
-  loops can take it as a static argument.
+  Hugging Face's default logits processors).
+
+  A pytree whose leaves are the temperature and top_p, and whose structure is
+  what a compiled loop's shapes and branches depend on: whether it is greedy,
+  top_k, and whether top_p is below 1. So jitted loops take it as an ordinary
+  argument, and one compiled loop serves every temperature above 0 and every
+  top_p below 1 (a sweep or a notebook that changes them compiles once), as
+  vLLM passes its sampling parameters to a compiled model as arrays. Top-k
+  stays static: `jax.lax.top_k` needs k at compile time.
 
   Attributes:
     temperature: Divides the logits. 0 means greedy: a one-hot on the argmax,
@@ -34,6 +42,8 @@ class SamplingConfig:
     top_p: Nucleus sampling: keeps the smallest set of most probable tokens
       whose mass reaches top_p (tokens tied with the least probable kept token
       are kept too). 1 keeps all tokens.
+    greedy: temperature == 0 (set from it).
+    nucleus: top_p < 1 (set from it).
   """
 
   temperature: float = 1.0
@@ -47,10 +57,25 @@ class SamplingConfig:
       raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}.")
     if not (checks.is_number(self.top_p) and 0 < self.top_p <= 1):
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}.")
+    # Python floats, whatever was given: the leaves of every config then
+    # have one dtype, and share a compiled loop.
+    object.__setattr__(self, "temperature", float(self.temperature))
+    object.__setattr__(self, "top_p", float(self.top_p))
+    object.__setattr__(self, "greedy", self.temperature == 0)
+    object.__setattr__(self, "nucleus", self.top_p < 1)
 
-  @property
-  def greedy(self) -> bool:
-    return self.temperature == 0
+  def tree_flatten(self):
+    structure = (self.greedy, self.top_k, self.nucleus)
+    return (self.temperature, self.top_p), structure
+
+  @classmethod
+  def tree_unflatten(cls, structure, leaves):
+    config = object.__new__(cls)
+    for name, value in zip(("temperature", "top_p"), leaves):
+      object.__setattr__(config, name, value)
+    for name, value in zip(("greedy", "top_k", "nucleus"), structure):
+      object.__setattr__(config, name, value)
+    return config
 
 
 def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
@@ -76,7 +101,7 @@ def logits_to_probs(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     kth_largest = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
     logits = jnp.where(logits >= kth_largest, logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
-  if config.top_p < 1:
+  if config.nucleus:
     if bounded:
       # The nucleus lies within the top k: their descending probabilities
       # [..., k] are all it needs (a token tied with the k-th has its

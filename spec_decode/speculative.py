@@ -249,7 +249,6 @@ def _iteration(
         "gamma",
         "max_decode_len",
         "eos_id",
-        "config",
         "verifier",
         "draft_threshold",
         "return_caches",

@@ -184,7 +184,7 @@ class Scorer:
     self.draft_params = {name: params for name, (_, params) in drafts.items()}
     self.mesh = mesh
 
-  @functools.partial(jax.jit, static_argnums=(0, 5))
+  @functools.partial(jax.jit, static_argnums=0)
   def _betas(self, target_params, draft_params, inputs, outputs, config):
     encoded = self.target_model.apply(
         {"params": target_params}, inputs, method=t5.Transformer.encode

@@ -67,6 +67,30 @@ class AutoregressiveDecodeTest(parameterized.TestCase):
     np.testing.assert_array_equal(decode(0), decode(0))
     self.assertFalse(np.array_equal(decode(0), decode(1)))
 
+  def test_one_compiled_loop_samples_at_every_temperature(self):
+    """The temperature is traced: a loop compiled at one temperature samples
+    at another exactly as a loop compiled for it does."""
+    model = fake_models.random_model(1, 12)
+    contexts = fake_models.context_ids(6)
+
+    def decode(temperature):
+      return decoding.autoregressive_decode(
+          model,
+          model.init_cache(contexts, 8),
+          jax.random.key(0),
+          max_decode_len=8,
+          config=sampling.SamplingConfig(temperature),
+      ).sequences
+
+    jax.clear_caches()
+    alone = decode(0.4)
+    jax.clear_caches()
+    decode(1.5)
+    after_another = decode(0.4)
+    np.testing.assert_array_equal(after_another, alone)
+    self.assertFalse(np.array_equal(decode(1.5), alone))
+    self.assertEqual(decoding._autoregressive_decode._cache_size(), 1)  # pylint: disable=protected-access
+
   @parameterized.named_parameters(
       ("zero_length", dict(max_decode_len=0), "max_decode_len"),
       ("float_length", dict(max_decode_len=4.0), "max_decode_len"),

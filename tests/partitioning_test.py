@@ -194,11 +194,11 @@ class ShardedDecodingTest(parameterized.TestCase):
     decoders._loop(  # pylint: disable=protected-access
         engine._speculative_loop,  # pylint: disable=protected-access
         (target.decode_fn, draft.decode_fn, target.cache, draft.cache)
-        + (decoders._place_key(jax.random.key(3)),),  # pylint: disable=protected-access
+        + (decoders._place_key(jax.random.key(3)),)  # pylint: disable=protected-access
+        + (decoders._place(sampling.SamplingConfig(0.0)),),  # pylint: disable=protected-access
         donate=(2, 3),
         gamma=GAMMA,
         max_decode_len=MAX_DECODE_LEN,
-        config=sampling.SamplingConfig(0.0),
         verifier="block",
         draft_threshold=0.0,
     )
@@ -365,6 +365,24 @@ class ShardedLoadTest(absltest.TestCase):
       self.assertEqual(got.sharding, sharding)
 
 
+def _plain_speculative(params, draft_params, rows, rng, config):
+  """`speculative.speculative_decode` of TARGET and DRAFT on one device."""
+  capacity = MAX_DECODE_LEN + GAMMA + 1
+  target = drafts.t5_draft(t5.Transformer(TARGET), params, rows, capacity)
+  draft = drafts.t5_draft(t5.Transformer(DRAFT), draft_params, rows, capacity)
+  return speculative.speculative_decode(
+      target.decode_fn,
+      draft.decode_fn,
+      target.cache,
+      draft.cache,
+      rng,
+      gamma=GAMMA,
+      max_decode_len=MAX_DECODE_LEN,
+      eos_id=inputs_lib.EOS_ID,
+      config=config,
+  )
+
+
 class KeyTest(absltest.TestCase):
   """Every process samples with the caller's key itself.
 
@@ -379,20 +397,7 @@ class KeyTest(absltest.TestCase):
     rows = inputs()
     config = sampling.SamplingConfig(1.0)
     rng = jax.random.key(3)
-    capacity = MAX_DECODE_LEN + GAMMA + 1
-    target = drafts.t5_draft(t5.Transformer(TARGET), params, rows, capacity)
-    draft = drafts.t5_draft(t5.Transformer(DRAFT), draft_params, rows, capacity)
-    spec = speculative.speculative_decode(
-        target.decode_fn,
-        draft.decode_fn,
-        target.cache,
-        draft.cache,
-        rng,
-        gamma=GAMMA,
-        max_decode_len=MAX_DECODE_LEN,
-        eos_id=inputs_lib.EOS_ID,
-        config=config,
-    )
+    spec = _plain_speculative(params, draft_params, rows, rng, config)
     target = drafts.t5_draft(
         t5.Transformer(TARGET), params, rows, MAX_DECODE_LEN
     )
@@ -407,6 +412,34 @@ class KeyTest(absltest.TestCase):
     got = decode(make_engine((2, 4), params, draft_params), rows)[1.0]
     np.testing.assert_array_equal(got[0], baseline.sequences)
     np.testing.assert_array_equal(got[1], spec.sequences)
+
+  def test_one_compiled_loop_for_every_temperature(self):
+    """The Engine places the temperature as an array: the loop it compiled
+    at 1.0 samples at 0.7 as the plain decoder does at 0.7."""
+    params, draft_params = random_params()
+    rows = inputs()
+    decoders = make_engine((2, 4), params, draft_params)
+    placed = decoders.place_inputs(rows)
+    rng = jax.random.key(3)
+    engine.clear_compiled()
+    for temperature in (1.0, 0.7):
+      got = decoders.speculative(
+          placed,
+          rng,
+          gamma=GAMMA,
+          max_decode_len=MAX_DECODE_LEN,
+          config=sampling.SamplingConfig(temperature),
+      )
+    loops = [
+        key
+        for key in engine._COMPILED  # pylint: disable=protected-access
+        if key[0] is engine._speculative_loop  # pylint: disable=protected-access
+    ]
+    self.assertLen(loops, 1)
+    spec = _plain_speculative(
+        params, draft_params, rows, rng, sampling.SamplingConfig(0.7)
+    )
+    np.testing.assert_array_equal(got.sequences, spec.sequences)
 
   def test_placed_key_is_the_callers_in_every_process(self):
     decoders = make_engine((2, 4), *random_params())

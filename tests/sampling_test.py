@@ -32,6 +32,48 @@ def _reference_probs(logits, temperature, top_k, top_p):
   return out.reshape(logits.shape)
 
 
+class SamplingConfigTest(parameterized.TestCase):
+  """A config is a pytree: its temperature and top_p are leaves, traced in a
+  jitted loop; what changes a loop's program (greedy, top_k, top_p < 1) is
+  its structure."""
+
+  def test_leaves_and_structure(self):
+    config = sampling.SamplingConfig(temperature=0.6, top_k=3, top_p=0.8)
+    leaves, treedef = jax.tree.flatten(config)
+    self.assertEqual(leaves, [0.6, 0.8])
+    self.assertEqual(jax.tree.unflatten(treedef, leaves), config)
+    self.assertEqual(
+        treedef, jax.tree.structure(sampling.SamplingConfig(1.3, 3, 0.5))
+    )
+    for other in (
+        sampling.SamplingConfig(0.0, 3, 0.8),  # greedy
+        sampling.SamplingConfig(0.6, 4, 0.8),  # another top_k
+        sampling.SamplingConfig(0.6, 3, 1.0),  # no nucleus
+    ):
+      self.assertNotEqual(treedef, jax.tree.structure(other))
+
+  def test_numpy_scalars_become_python_numbers(self):
+    config = sampling.SamplingConfig(np.float64(0.5), 2, np.float32(1))
+    self.assertEqual(config, sampling.SamplingConfig(0.5, 2, 1.0))
+    self.assertEqual(
+        [type(leaf) for leaf in jax.tree.leaves(config)], [float, float]
+    )
+    self.assertFalse(config.nucleus)
+
+  def test_one_program_for_every_temperature_and_top_p(self):
+    logits = jax.random.normal(jax.random.key(0), (4, 50)) * 3
+    to_probs = jax.jit(sampling.logits_to_probs)
+    for temperature, top_p in ((0.6, 0.8), (1.7, 0.5), (0.25, 0.95)):
+      config = sampling.SamplingConfig(temperature, 5, top_p)
+      np.testing.assert_allclose(
+          to_probs(logits, config),
+          _reference_probs(np.asarray(logits), temperature, 5, top_p),
+          rtol=1e-5,
+          atol=1e-7,
+      )
+    self.assertEqual(to_probs._cache_size(), 1)  # pylint: disable=protected-access
+
+
 class LogitsToProbsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(

@@ -239,5 +239,35 @@ class PrngCallsTest(absltest.TestCase):
     self.assertEqual(calls, {2: 7, 6: 7})
 
 
+class CompiledOnceTest(absltest.TestCase):
+  """The temperature and top_p are traced (`sampling.SamplingConfig` is a
+  pytree): one compiled loop serves all their values, and a loop compiled at
+  one samples at another exactly as a loop compiled for it does."""
+
+  def test_one_loop_for_every_temperature_and_top_p(self):
+    target = fake_models.random_model(0, loop_runs.VOCAB_SIZE)
+    draft = fake_models.perturbed(target, 1, 0.5)
+    contexts = fake_models.context_ids(6)
+
+    def decode(temperature, top_p):
+      return loop_runs.run_speculative(
+          target,
+          drafts.Draft(draft, draft.init_cache(contexts, 12)),
+          contexts,
+          gamma=3,
+          max_decode_len=8,
+          config=sampling.SamplingConfig(temperature, top_p=top_p),
+      ).sequences
+
+    jax.clear_caches()
+    alone = decode(0.5, 0.9)
+    jax.clear_caches()
+    decode(1.4, 0.6)
+    after_another = decode(0.5, 0.9)
+    np.testing.assert_array_equal(after_another, alone)
+    self.assertFalse(np.array_equal(decode(1.4, 0.6), alone))
+    self.assertEqual(speculative._speculative_decode._cache_size(), 1)  # pylint: disable=protected-access
+
+
 if __name__ == "__main__":
   absltest.main()

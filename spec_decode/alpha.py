@@ -19,6 +19,7 @@ run.draft = 'lookup' (prompt lookup).
 """
 
 import functools
+import math
 
 from absl import flags
 import gin
@@ -46,11 +47,12 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seeds the target's samples.")
 
 def main(argv):
   with cli.one_line_errors():
-    cli.start(argv)
-    # Before the measurement, which can take long.
+    # Before the gin files, whose parsing imports seqio and TensorFlow
+    # (seconds), and before the measurement, which can take long.
+    temperatures = [_temperature(t) for t in _TEMPERATURES.value]
     if _OUTPUT.value:
       run_outputs.check_writable_file(_OUTPUT.value, "--output")
-    temperatures = [_temperature(t) for t in _TEMPERATURES.value]
+    cli.start(argv)
     # pylint: disable-next=g-import-not-at-top
     from spec_decode import vocabulary as vocabulary_lib
 
@@ -98,11 +100,15 @@ def main(argv):
 
 def _temperature(text):
   try:
-    return float(text)
+    value = float(text)
   except ValueError:
+    value = math.nan
+  if not value >= 0:  # NaN too.
     raise ValueError(
-        f"--temperatures: {text!r} is not a number (e.g. --temperatures=0,1)"
-    ) from None
+        f"--temperatures: {text!r} is not a number >= 0 (e.g. "
+        "--temperatures=0,1)"
+    )
+  return value
 
 
 def _references(texts, num_inputs, vocabulary, max_decode_len):

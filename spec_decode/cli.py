@@ -54,17 +54,24 @@ _HELP_FLAGS = ("-?", "-h", "--help", "--helpshort", "--helpfull")
 
 
 def _parse_flags(argv):
-  """absl's flag parsing, except that asking for help exits 0, not 1."""
+  """absl's flag parsing, except that asking for help exits 0, not 1, and a
+  bad flag is one line, 'error: ...' (absl prints two, the first 'FATAL')."""
   asked = [arg for arg in argv[1:] if arg in _HELP_FLAGS]
   if asked:
     app.usage(
         shorthelp=asked[0] != "--helpfull", writeto_stdout=True, exitcode=0
     )
-  return app.parse_flags_with_usage(argv)
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(
+        f"error: {report.one_line(e)} (--help lists the flags)", file=sys.stderr
+    )
+    sys.exit(1)
 
 
 def run(main):
-  """`app.run(main)`, with --help exiting 0."""
+  """`app.run(main)`, with --help exiting 0 and a bad flag one line."""
   app.run(main, flags_parser=_parse_flags)
 
 

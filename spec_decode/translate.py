@@ -45,7 +45,10 @@ _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", 64, "Rows per call.", lower_bound=1
 )
 _TEMPERATURE = flags.DEFINE_float(
-    "temperature", 0.0, "0 decodes greedily; above 0 samples at it."
+    "temperature",
+    0.0,
+    "0 decodes greedily; above 0 samples at it.",
+    lower_bound=0,
 )
 _SEED = flags.DEFINE_integer("seed", 0, "The samples' random seed.")
 

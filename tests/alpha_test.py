@@ -92,20 +92,30 @@ class AlphaCliTest(absltest.TestCase):
 
   def test_bad_flags_fail_before_the_measurement(self):
     tmp = pathlib.Path(tempfile.mkdtemp())
-    for flag, error in (
+    for flags, error in (
         (
-            f"--output={tmp / 'no_dir' / 'alpha.json'}",
+            [f"--output={tmp / 'no_dir' / 'alpha.json'}"],
             f"error: --output {tmp / 'no_dir' / 'alpha.json'} cannot be "
             f"written: No such file or directory: {tmp / 'no_dir'}",
         ),
         (
-            "--temperatures=0,hot",
-            "error: --temperatures: 'hot' is not a number (e.g. "
+            ["--temperatures=0,hot"],
+            "error: --temperatures: 'hot' is not a number >= 0 (e.g. "
+            "--temperatures=0,1)",
+        ),
+        (
+            ["--temperatures=1,-0.5"],
+            "error: --temperatures: '-0.5' is not a number >= 0 (e.g. "
+            "--temperatures=0,1)",
+        ),
+        (  # Checked before the gin files are parsed (seqio, TensorFlow).
+            ["--temperatures=nan", "--gin_file=missing.gin"],
+            "error: --temperatures: 'nan' is not a number >= 0 (e.g. "
             "--temperatures=0,1)",
         ),
     ):
-      with self.subTest(flag=flag):
-        done = _alpha(flag)
+      with self.subTest(flags=flags):
+        done = _alpha(*flags)
         self.assertEqual(done.returncode, 1)
         self.assertEqual(done.stderr.splitlines(), [error])
 

@@ -319,6 +319,23 @@ class RunTest(parameterized.TestCase):
       self.assertEqual(done.returncode, 0, done.stderr)
       self.assertIn("--gin_file", done.stdout)
 
+  def test_a_bad_flag_is_one_line(self):
+    for module, flag, error in (
+        ("spec_decode.run", "--gamma=3", "Unknown command line flag 'gamma'"),
+        (
+            "spec_decode.translate",
+            "--temperature=-1",
+            "flag --temperature=-1: -1.0 is not a non-negative number",
+        ),
+    ):
+      with self.subTest(module=module):
+        done = self._cli(flag, module=module)
+        self.assertEqual(done.returncode, 1)
+        self.assertEqual(
+            done.stderr.splitlines(),
+            [f"error: {error} (--help lists the flags)"],
+        )
+
   def test_train_with_fewer_steps_than_warmup_is_one_line(self):
     with self.assertRaisesRegex(
         ValueError,

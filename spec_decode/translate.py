@@ -45,11 +45,11 @@ _BATCH_SIZE = flags.DEFINE_integer(
     "batch_size", 64, "Rows per call.", lower_bound=1
 )
 _TEMPERATURE = flags.DEFINE_float(
-    "temperature",
-    0.0,
-    "0 decodes greedily; above 0 samples at it.",
-    lower_bound=0,
+    "temperature", 0.0, "0 decodes greedily; above 0 samples at it."
 )
+flags.register_validator(
+    "temperature", lambda value: value >= 0, "it must be a number >= 0"
+)  # NaN too, which absl's lower_bound lets through.
 _SEED = flags.DEFINE_integer("seed", 0, "The samples' random seed.")
 
 

@@ -320,16 +320,26 @@ class RunTest(parameterized.TestCase):
       self.assertIn("--gin_file", done.stdout)
 
   def test_a_bad_flag_is_one_line(self):
-    for module, flag, error in (
-        ("spec_decode.run", "--gamma=3", "Unknown command line flag 'gamma'"),
+    for module, flags, error in (
+        ("spec_decode.run", ["--gamma=3"], "Unknown command line flag 'gamma'"),
         (
             "spec_decode.translate",
-            "--temperature=-1",
-            "flag --temperature=-1: -1.0 is not a non-negative number",
+            ["--input=x", "--temperature=-1"],
+            "flag --temperature=-1.0: it must be a number >= 0",
+        ),
+        (
+            "spec_decode.translate",
+            ["--input=x", "--temperature=nan"],
+            "flag --temperature=nan: it must be a number >= 0",
+        ),
+        (
+            "spec_decode.translate",
+            ["--batch_size=0"],
+            "flag --batch_size=0: 0 is not a positive integer",
         ),
     ):
-      with self.subTest(module=module):
-        done = self._cli(flag, module=module)
+      with self.subTest(flags=flags):
+        done = self._cli(*flags, module=module)
         self.assertEqual(done.returncode, 1)
         self.assertEqual(
             done.stderr.splitlines(),

@@ -95,6 +95,31 @@ class Seconds:
       setattr(self, name, getattr(self, name) + getattr(batch, name))
 
 
+def _times(totals, seconds):
+  """The report's times: each decoder's per token, its set-up's per batch,
+  and the speedups with and without the set-ups."""
+  baseline_ms = 1e3 * seconds.baseline / totals.baseline_tokens
+  speculative_ms = 1e3 * seconds.speculative / totals.speculative_tokens
+  batches = max(seconds.batches, 1)
+  # Each decoder's time less its set-up's: what Theorem 3.8 models.
+  baseline_loop_ms = (
+      1e3 * (seconds.baseline - seconds.baseline_setup) / totals.baseline_tokens
+  )
+  speculative_loop_ms = (
+      1e3
+      * (seconds.speculative - seconds.speculative_setup)
+      / totals.speculative_tokens
+  )
+  return {
+      "baseline_ms_per_token": baseline_ms,
+      "speculative_ms_per_token": speculative_ms,
+      "speedup": baseline_ms / speculative_ms,
+      "baseline_setup_ms": 1e3 * seconds.baseline_setup / batches,
+      "speculative_setup_ms": 1e3 * seconds.speculative_setup / batches,
+      "speedup_after_setup": baseline_loop_ms / speculative_loop_ms,
+  }
+
+
 def results(
     totals,
     seconds,
@@ -121,18 +146,6 @@ def results(
   drafted = max(totals.drafted, 1)
   calls = max(totals.target_calls, 1)
   alpha = totals.accepted / drafted
-  baseline_ms = 1e3 * seconds.baseline / totals.baseline_tokens
-  speculative_ms = 1e3 * seconds.speculative / totals.speculative_tokens
-  batches = max(seconds.batches, 1)
-  # Each decoder's time less its set-up's: what Theorem 3.8 models.
-  baseline_loop_ms = (
-      1e3 * (seconds.baseline - seconds.baseline_setup) / totals.baseline_tokens
-  )
-  speculative_loop_ms = (
-      1e3
-      * (seconds.speculative - seconds.speculative_setup)
-      / totals.speculative_tokens
-  )
   return {
       "num_examples": num_examples,
       "num_truncated": num_truncated,
@@ -148,12 +161,7 @@ def results(
       "expected_tokens_per_target_call": analysis.expected_tokens_per_call(
           alpha, gamma
       ),
-      "baseline_ms_per_token": baseline_ms,
-      "speculative_ms_per_token": speculative_ms,
-      "speedup": baseline_ms / speculative_ms,
-      "baseline_setup_ms": 1e3 * seconds.baseline_setup / batches,
-      "speculative_setup_ms": 1e3 * seconds.speculative_setup / batches,
-      "speedup_after_setup": baseline_loop_ms / speculative_loop_ms,
+      **_times(totals, seconds),
       "c": costs.c,
       "target_step_ms": 1e3 * costs.target_step,
       "target_verify_ms": 1e3 * costs.target_verify,

@@ -165,6 +165,31 @@ class T5GreedyTest(parameterized.TestCase):
     inputs, baseline = self.inputs[batch_size], self.baselines[batch_size]
     capacity = self.MAX_DECODE_LEN + gamma + 1
     target = drafts.t5_draft(self.model, self.params, inputs, capacity)
+    draft = self._draft(draft_kind, target, inputs, baseline, capacity)
+    result = speculative.speculative_decode(
+        target.decode_fn,
+        draft.decode_fn,
+        target.cache,
+        draft.cache,
+        jax.random.key(0),
+        gamma=gamma,
+        max_decode_len=self.MAX_DECODE_LEN,
+        config=loop_runs.GREEDY,
+    )
+    np.testing.assert_array_equal(result.sequences, baseline.sequences)
+    np.testing.assert_array_equal(result.lengths, baseline.lengths)
+    loop_runs.check_token_sources(result)
+    if draft_kind == "target":
+      np.testing.assert_array_equal(
+          result.target_calls, -(-result.lengths // (gamma + 1))
+      )
+    if draft_kind == "unigram":
+      self.assertGreater(int(result.accepted_tokens.sum()), 0)
+
+  def _draft(self, draft_kind, target, inputs, baseline, capacity):
+    """The drafts.Draft of `draft_kind` for `inputs` (a T5, a shared-encoder
+    T5, a unigram over the baseline's outputs, prompt lookup, the target)."""
+    batch_size = len(inputs)
     if draft_kind == "smaller_t5":
       config = t5.T5Config(
           vocab_size=97,
@@ -216,25 +241,7 @@ class T5GreedyTest(parameterized.TestCase):
       )
     else:
       draft = target
-    result = speculative.speculative_decode(
-        target.decode_fn,
-        draft.decode_fn,
-        target.cache,
-        draft.cache,
-        jax.random.key(0),
-        gamma=gamma,
-        max_decode_len=self.MAX_DECODE_LEN,
-        config=loop_runs.GREEDY,
-    )
-    np.testing.assert_array_equal(result.sequences, baseline.sequences)
-    np.testing.assert_array_equal(result.lengths, baseline.lengths)
-    loop_runs.check_token_sources(result)
-    if draft_kind == "target":
-      np.testing.assert_array_equal(
-          result.target_calls, -(-result.lengths // (gamma + 1))
-      )
-    if draft_kind == "unigram":
-      self.assertGreater(int(result.accepted_tokens.sum()), 0)
+    return draft
 
 
 if __name__ == "__main__":

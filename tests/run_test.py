@@ -165,6 +165,28 @@ class RunTest(parameterized.TestCase):
     gin_config.parse([self.run_gin], bindings)
     return compare.run()
 
+  def _check_setup_times(self, results, batches):
+    """Each decoder's set-up (encoder and caches) was timed alone.
+
+    It is a part of what the decoder took per batch, and the speedup less
+    the set-ups is the ratio of what remains.
+
+    Args:
+      results: a run's results.json.
+      batches: how many batches the run decoded.
+    """
+    after_setup = []
+    for name in ("baseline", "speculative"):
+      tokens = results[f"{name}_tokens"]
+      batch_ms = results[f"{name}_ms_per_token"] * tokens / batches
+      setup_ms = results[f"{name}_setup_ms"]
+      self.assertGreater(setup_ms, 0.0)
+      self.assertLess(setup_ms, batch_ms)
+      after_setup.append((batch_ms - setup_ms) / tokens)
+    self.assertAlmostEqual(
+        results["speedup_after_setup"], after_setup[0] / after_setup[1]
+    )
+
   def test_cli_greedy_report(self):
     out = self.tmp / "greedy"
     done = self._cli(f"run.output_dir = '{out}'")
@@ -189,19 +211,8 @@ class RunTest(parameterized.TestCase):
         places=9,
     )
     self.assertIn("  with the measured call costs", done.stdout)
-    # Each decoder's set-up (encoder and caches) timed alone: a part of
-    # what the decoder took per batch (5 examples in batches of 2).
-    after_setup = []
-    for name in ("baseline", "speculative"):
-      tokens = results[f"{name}_tokens"]
-      batch_ms = results[f"{name}_ms_per_token"] * tokens / 3
-      setup_ms = results[f"{name}_setup_ms"]
-      self.assertGreater(setup_ms, 0.0)
-      self.assertLess(setup_ms, batch_ms)
-      after_setup.append((batch_ms - setup_ms) / tokens)
-    self.assertAlmostEqual(
-        results["speedup_after_setup"], after_setup[0] / after_setup[1]
-    )
+    # 5 examples in batches of 2.
+    self._check_setup_times(results, batches=3)
     self.assertIn("speedup after set-up", done.stdout)
     # Where it ran, in the results and on the report's first line.
     self.assertEqual(results["machine"]["platform"], "cpu")

@@ -179,7 +179,7 @@ def _random_batch(vocab_size, batch_size):
 def _runs(target, draft, batches, gamma, max_decode_len, calls, eos_id):
   """{name: run()}: both decoders over `batches`, each call loop (on the
   first batch's caches), and the call sequence."""
-  capacity = max_decode_len + gamma + 1
+  capacity = drafts.speculative_capacity(max_decode_len, gamma)
   decoders = [  # (baseline, verifier, proposer) per batch
       (
           drafts.t5_draft(target.model, target.params, inputs, max_decode_len),

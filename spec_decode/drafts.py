@@ -34,14 +34,38 @@ from spec_decode import inputs as inputs_lib
 from spec_decode.models import decode_cache
 from spec_decode.models import t5
 
+# A speculative cache's room past max_decode_len comes in whole steps of this
+# many positions, so that every gamma up to CAPACITY_STEP - 1 has the same
+# caches: a gamma sweep compiles the set-up and the one-token calls once.
+CAPACITY_STEP = 8
+
+
+def speculative_capacity(max_decode_len: int, gamma: int) -> int:
+  """The decoder positions a speculative decoder's caches hold.
+
+  The last target call may write gamma + 1 positions past max_decode_len, so
+  the caches need max_decode_len + gamma + 1; the room past max_decode_len is
+  rounded up to whole CAPACITY_STEPs (at most CAPACITY_STEP - 1 positions
+  more), so that it does not depend on gamma. The free positions are masked:
+  they change no token.
+
+  Args:
+    max_decode_len: the tokens each row may emit.
+    gamma: the draft tokens per iteration.
+
+  Returns:
+    max_decode_len + CAPACITY_STEP * ceil((gamma + 1) / CAPACITY_STEP).
+  """
+  return max_decode_len + -(-(gamma + 1) // CAPACITY_STEP) * CAPACITY_STEP
+
 
 class Draft(NamedTuple):
   """A draft model ready for `speculative_decode`.
 
   Attributes:
     decode_fn: The draft's decode function.
-    cache: Its empty cache (lengths 0), with room for max_decode_len + gamma + 1
-      positions.
+    cache: Its empty cache (lengths 0), with room for at least
+      max_decode_len + gamma + 1 positions (`speculative_capacity`).
   """
 
   decode_fn: decoding.DecodeFn
@@ -181,8 +205,9 @@ def t5_cache(
     model: The T5 module.
     params: Its parameters.
     encoder_input_tokens: int32 [B, S] inputs, 0 for padding.
-    max_length: The cache's capacity: max_decode_len + gamma + 1 for
-      speculative decoding, max_decode_len for the baseline.
+    max_length: The cache's capacity: at least max_decode_len + gamma + 1
+      for speculative decoding (`speculative_capacity`), max_decode_len for
+      the baseline.
 
   Returns:
     The cache, with lengths 0.
@@ -332,7 +357,8 @@ def t5_pair(
     draft_model: The draft T5.
     draft_params: Its parameters.
     encoder_input_tokens: int32 [B, S] inputs, 0 for padding.
-    max_length: Both caches' capacity: max_decode_len + gamma + 1.
+    max_length: Both caches' capacity: at least max_decode_len + gamma + 1
+      (`speculative_capacity`).
 
   Returns:
     (target Draft, draft Draft), their caches empty.

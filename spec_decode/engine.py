@@ -118,10 +118,12 @@ class Engine:
     """What `speculative` does before its loop: both models' caches.
 
     Returns:
-      (target Draft, draft Draft), their caches holding max_decode_len +
-      gamma + 1 positions (the last target call may overrun by gamma + 1).
+      (target Draft, draft Draft), their caches holding
+      `drafts.speculative_capacity` positions (the last target call may
+      overrun max_decode_len by gamma + 1).
     """
-    return self.setup_pair(inputs, max_decode_len + gamma + 1)
+    capacity = drafts.speculative_capacity(max_decode_len, gamma)
+    return self.setup_pair(inputs, capacity)
 
   def setup(self, which, inputs, capacity) -> drafts.Draft:
     """A model's decode function and a fresh, sharded cache for `inputs`.

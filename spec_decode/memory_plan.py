@@ -8,8 +8,9 @@ Nothing is allocated and no device is needed: parameter shapes come from
 and each leaf's shard from its logical axes and the rules of
 `spec_decode.partitioning` on a mesh given only as its axis sizes. The run
 file gives the models, their dtype (parameters are loaded in it), the lengths
-and gamma; the caches hold max_decode_len + gamma + 1 decoder positions, as
-the speculative decoder's do.
+and gamma; the caches hold `drafts.speculative_capacity` decoder positions
+(max_decode_len + gamma + 1, the room past max_decode_len rounded up to 8s),
+as the speculative decoder's do.
 
 Counted: parameters and the two decode caches. Not counted: activations, XLA's
 scratch and the loop state, which need a margin of the headroom shown.
@@ -243,7 +244,7 @@ def plan(
   Args:
     target_config, draft_config: the pair's T5Configs.
     max_input_len: the encoder's length S.
-    capacity: the caches' decoder positions (max_decode_len + gamma + 1).
+    capacity: the caches' decoder positions (`drafts.speculative_capacity`).
     slices: TpuSlices.
     batch_sizes: batch sizes.
 
@@ -363,7 +364,7 @@ def table(gin_files, gin_bindings=()):
   for name, value in settings.items():
     checks.check_count(value, f"run.{name}")
   max_input_len, max_decode_len, gamma = settings.values()
-  capacity = max_decode_len + gamma + 1
+  capacity = drafts.speculative_capacity(max_decode_len, gamma)
   rows = plan(
       target_config,
       draft_config,
@@ -375,7 +376,7 @@ def table(gin_files, gin_bindings=()):
       f"{target_config.dtype}; draft: {draft_config.num_heads} heads, "
       f"{draft_config.dtype}. max_input_len {max_input_len}, cache capacity "
       f"{capacity} (max_decode_len {max_decode_len} + {gamma_name} {gamma} "
-      "+ 1). "
+      f"+ 1, the room rounded up to {drafts.CAPACITY_STEP}s). "
       "The target is split as the rules say; the draft replicated over "
       "'model' or split. Activations and XLA's scratch are not counted."
   )

@@ -18,6 +18,26 @@ from spec_decode.models import t5
 CORPUS = [[2, 3, 1], [2, 2, 3, 1], [4, 1]]
 
 
+class SpeculativeCapacityTest(absltest.TestCase):
+
+  def test_room_for_the_last_block_in_whole_steps(self):
+    for max_decode_len in (12, 64, 256):
+      for gamma in range(1, 25):
+        capacity = drafts.speculative_capacity(max_decode_len, gamma)
+        needed = max_decode_len + gamma + 1
+        self.assertBetween(capacity - needed, 0, drafts.CAPACITY_STEP - 1)
+        self.assertEqual((capacity - max_decode_len) % drafts.CAPACITY_STEP, 0)
+
+  def test_one_capacity_for_every_gamma_under_a_step(self):
+    self.assertEqual(
+        {drafts.speculative_capacity(64, gamma) for gamma in range(1, 8)},
+        {72},
+    )
+    self.assertEqual(drafts.speculative_capacity(64, 8), 80)
+    # T5 1.1 XXL's run at gamma 7 keeps its 264 positions.
+    self.assertEqual(drafts.speculative_capacity(256, 7), 264)
+
+
 class NgramTest(absltest.TestCase):
 
   def test_unigram_probabilities_are_corpus_frequencies(self):

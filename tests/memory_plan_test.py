@@ -169,7 +169,9 @@ class TableTest(absltest.TestCase):
         ["run.gamma = 'auto'", "run.max_gamma = 5"],
     )
     self.assertIn(
-        "cache capacity 262 (max_decode_len 256 + max_gamma 5 + 1)", text
+        "cache capacity 264 (max_decode_len 256 + max_gamma 5 + 1, the room "
+        "rounded up to 8s)",
+        text,
     )
 
   def test_bad_run_files_are_one_line_errors(self):

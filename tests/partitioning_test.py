@@ -441,6 +441,21 @@ class KeyTest(absltest.TestCase):
     )
     np.testing.assert_array_equal(got.sequences, spec.sequences)
 
+  def test_one_compiled_set_up_for_every_gamma_under_a_step(self):
+    """The caches' room past max_decode_len does not depend on gamma."""
+    decoders = make_engine((1, 1), *random_params())
+    placed = decoders.place_inputs(inputs())
+    engine.clear_compiled()
+    lengths = set()
+    for gamma in range(1, drafts.CAPACITY_STEP):
+      pair = decoders.speculative_setup(
+          placed, gamma=gamma, max_decode_len=MAX_DECODE_LEN
+      )
+      lengths |= {draft.cache.max_length for draft in pair}
+    self.assertEqual(lengths, {MAX_DECODE_LEN + drafts.CAPACITY_STEP})
+    set_ups = [key for key in engine._COMPILED if key[0] == "cache"]  # pylint: disable=protected-access
+    self.assertLen(set_ups, 2)  # The target's and the draft's.
+
   def test_placed_key_is_the_callers_in_every_process(self):
     decoders = make_engine((2, 4), *random_params())
     rng = jax.random.key(3)

@@ -4,7 +4,7 @@ Each runs in a fresh `python3` kernel (this interpreter's ipykernel) started
 in a temporary directory; its setup cell moves to the repository root, and
 its outputs go to temporary directories. Outside Colab the setup cell
 installs nothing, so the notebooks need no network. On 2 CPU cores the
-walkthrough takes about 2.5 minutes (its gamma sweep runs the 48.2M target)
+walkthrough takes about 2 minutes (its gamma sweep runs the 48.2M target)
 and the acceptance analysis under one.
 """
 

@@ -91,6 +91,27 @@ def check_decode_args(max_decode_len: int, eos_id: int) -> None:
     raise ValueError(f"eos_id must be an int, got {eos_id!r}.")
 
 
+def check_capacity(cache: Any, needed: int, name: str, why: str) -> None:
+  """Raises ValueError, in one line, on a cache with too little room.
+
+  A write past a cache's capacity is dropped, so a call that writes there
+  reads without its own keys: for a token that is emitted, a silent wrong
+  one, not an error. Caches with no `max_length` (n-gram models, test
+  fakes) are not checked.
+
+  Args:
+    cache: a decode cache.
+    needed: the decoder positions the loop writes.
+    name: the argument's name, for the message.
+    why: what needs them, for the message.
+  """
+  capacity = getattr(cache, "max_length", None)
+  if capacity is not None and capacity < needed:
+    raise ValueError(
+        f"{name} holds {capacity} decoder positions; {why} need {needed}."
+    )
+
+
 def as_pytree(decode_fn: DecodeFn) -> DecodeFn:
   """Makes `decode_fn` a valid jit argument, wrapping plain functions.
 
@@ -138,6 +159,9 @@ def autoregressive_decode(
     A `DecodeResult`, and with `return_cache` the cache.
   """
   check_decode_args(max_decode_len, eos_id)
+  check_capacity(
+      cache, max_decode_len, "cache", f"max_decode_len {max_decode_len} tokens"
+  )
   return _autoregressive_decode(
       as_pytree(target_fn),
       cache,

@@ -136,6 +136,16 @@ def speculative_decode(
         f"draft_threshold must be in [0, 1), got {draft_threshold!r}."
     )
   decoding.check_decode_args(max_decode_len, eos_id)
+  # Every write of the last target call lands in the caches.
+  why = (
+      f"max_decode_len {max_decode_len} and gamma {gamma} "
+      "(drafts.speculative_capacity)"
+  )
+  for name, cache in (
+      ("target_cache", target_cache),
+      ("draft_cache", draft_cache),
+  ):
+    decoding.check_capacity(cache, max_decode_len + gamma + 1, name, why)
   return _speculative_decode(
       decoding.as_pytree(target_fn),
       decoding.as_pytree(draft_fn),

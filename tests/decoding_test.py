@@ -105,6 +105,21 @@ class AutoregressiveDecodeTest(parameterized.TestCase):
           model, model.init_cache([0], 4), jax.random.key(0), **kwargs
       )
 
+  def test_a_cache_without_room_for_every_token_is_refused(self):
+    # Its last call's keys would be dropped: a silent wrong last token.
+    model = fake_models.random_model(0, 4)
+    with self.assertRaisesRegex(
+        ValueError,
+        "^cache holds 11 decoder positions; max_decode_len 12 tokens need "
+        "12.$",
+    ):
+      decoding.autoregressive_decode(
+          model,
+          fake_models.abstract_t5_cache(11),
+          jax.random.key(0),
+          max_decode_len=12,
+      )
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -8,12 +8,16 @@ catch-up that skips a token, or a write at the wrong offset changes the logits.
 """
 
 import dataclasses
+import functools
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import drafts
+from spec_decode.models import decode_cache
+from spec_decode.models import t5
 from spec_decode.models.config import T5Config
 
 
@@ -28,6 +32,17 @@ def tiny_t5(vocab_size: int) -> T5Config:
       num_encoder_layers=1,
       num_decoder_layers=1,
   )
+
+
+def abstract_t5_cache(capacity: int) -> decode_cache.DecodeCache:
+  """The shapes of a tiny T5's cache of `capacity` positions, for one row
+  of 4 input tokens; nothing is computed."""
+  config = tiny_t5(32)
+  make = functools.partial(
+      drafts.t5_cache, t5.Transformer(config), max_length=capacity
+  )
+  inputs = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+  return jax.eval_shape(make, t5.param_shapes(config), inputs)
 
 
 # Rows of the logits table: more than the prefixes a test visits, so that most

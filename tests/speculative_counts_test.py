@@ -194,6 +194,32 @@ class CountingTest(parameterized.TestCase):
       )
 
 
+class CapacityTest(parameterized.TestCase):
+  """Both caches hold every position the last target call writes."""
+
+  @parameterized.parameters("target_cache", "draft_cache")
+  def test_a_cache_one_position_short_is_refused(self, name):
+    model = fake_models.random_model(0, 4)
+    caches = {
+        "target_cache": fake_models.abstract_t5_cache(16),
+        "draft_cache": fake_models.abstract_t5_cache(16),
+    }
+    caches[name] = fake_models.abstract_t5_cache(15)
+    with self.assertRaisesRegex(
+        ValueError,
+        f"^{name} holds 15 decoder positions; max_decode_len 12 and gamma 3 "
+        r"\(drafts.speculative_capacity\) need 16.$",
+    ):
+      speculative.speculative_decode(
+          model,
+          model,
+          **caches,
+          decode_rng=jax.random.key(0),
+          gamma=3,
+          max_decode_len=12,
+      )
+
+
 def _count_primitives(jaxpr, names):
   """Equations of `jaxpr` and of every jaxpr inside it whose primitive is
   one of `names`."""

@@ -96,8 +96,9 @@ def check_capacity(cache: Any, needed: int, name: str, why: str) -> None:
 
   A write past a cache's capacity is dropped, so a call that writes there
   reads without its own keys: for a token that is emitted, a silent wrong
-  one, not an error. Caches with no `max_length` (n-gram models, test
-  fakes) are not checked.
+  one, not an error. Caches with no `max_length` are not checked: n-gram
+  models', test fakes', and prompt lookup's, whose short history could
+  only cost accepted drafts, never a wrong token (the target verifies).
 
   Args:
     cache: a decode cache.

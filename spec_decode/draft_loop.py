@@ -9,6 +9,7 @@ once every live row has. The decision is a function of the row's own drafts,
 so a verifier that judges only the proposed prefix stays exact.
 """
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -16,7 +17,44 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from spec_decode import checks
 from spec_decode import sampling
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+  """The draft's confidence threshold, as a compiled loop takes it.
+
+  A pytree whose leaf is the value and whose structure is whether it stops
+  early at all (value > 0), which decides the draft loop's shape: unrolled
+  calls without, a `lax.while_loop` with. So one compiled loop serves every
+  threshold above 0, as `sampling.SamplingConfig` serves every temperature.
+
+  Attributes:
+    value: in [0, 1); 0 always drafts gamma tokens.
+    early_stop: value > 0 (set from it).
+  """
+
+  value: float = 0.0
+
+  def __post_init__(self):
+    if not (checks.is_number(self.value) and 0 <= self.value < 1):
+      raise ValueError(
+          f"draft_threshold must be in [0, 1), got {self.value!r}."
+      )
+    object.__setattr__(self, "value", float(self.value))
+    object.__setattr__(self, "early_stop", self.value > 0)
+
+  def tree_flatten(self):
+    return (self.value,), self.early_stop
+
+  @classmethod
+  def tree_unflatten(cls, early_stop, leaves):
+    threshold = object.__new__(cls)
+    object.__setattr__(threshold, "value", leaves[0])
+    object.__setattr__(threshold, "early_stop", early_stop)
+    return threshold
 
 
 def _confidence(logits, tokens, probs):
@@ -77,7 +115,7 @@ def _add(state, logits, *, uniforms, config, threshold):
     logits: [B, V] the draft's logits for it.
     uniforms: float32 [B, gamma, 2] every draft's randomness.
     config: the sampling.SamplingConfig.
-    threshold: the confidence threshold (0: none).
+    threshold: the confidence Threshold.
 
   Returns:
     The _DraftState with the draft added.
@@ -90,8 +128,8 @@ def _add(state, logits, *, uniforms, config, threshold):
       config,
   )
   stopped = state.stopped
-  if threshold > 0:
-    stopped |= _confidence(logits, tokens, probs) < threshold
+  if threshold.early_stop:
+    stopped |= _confidence(logits, tokens, probs) < threshold.value
   put = lambda whole, part: jax.lax.dynamic_update_index_in_dim(
       whole, part, state.step, axis=1
   )
@@ -159,7 +197,7 @@ def propose(
     logits, cache = draft_fn(last, state.cache)
     return add(state.replace(cache=cache), logits[:, 0])
 
-  if threshold > 0:
+  if threshold.early_stop:
     state = jax.lax.while_loop(cond_fn, body_fn, state)
   else:
     # Every row drafts gamma tokens (the iteration runs only while a row is

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from spec_decode import decoding
+from spec_decode import draft_loop
 from spec_decode import drafts
 from spec_decode import inputs as inputs_lib
 from spec_decode import lookup
@@ -100,6 +101,7 @@ class Engine:
     )
     args = (target_fn, draft_fn, target_cache, draft_cache)
     args += (self._place_key(rng), self._place(config))
+    args += (self._place(draft_loop.Threshold(draft_threshold)),)
     return self._loop(
         _speculative_loop,
         args,
@@ -107,7 +109,6 @@ class Engine:
         gamma=gamma,
         max_decode_len=max_decode_len,
         verifier=verifier,
-        draft_threshold=draft_threshold,
     )
 
   def baseline_setup(self, inputs, *, max_decode_len) -> drafts.Draft:
@@ -263,7 +264,7 @@ class Engine:
 
   def _place(self, tree):
     """A pytree of host values, replicated: a key's data, or a sampling
-    config, whose temperature and top_p become float32 [] arrays (one
+    config or draft threshold, whose floats become float32 [] arrays (one
     compiled loop for all their values)."""
     replicated = partitioning.replicated(self.mesh)
     return jax.tree.map(
@@ -323,11 +324,11 @@ def _speculative_loop(
     draft_cache,
     key_data,
     config,
+    draft_threshold,
     *,
     gamma,
     max_decode_len,
     verifier,
-    draft_threshold,
 ):
   return speculative.speculative_decode(
       target_fn,

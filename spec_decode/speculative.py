@@ -66,7 +66,7 @@ def speculative_decode(
     eos_id: int = 1,
     config: sampling.SamplingConfig = sampling.SamplingConfig(),
     verifier: str = "block",
-    draft_threshold: float = 0.0,
+    draft_threshold: float | draft_loop.Threshold = 0.0,
     return_caches: bool = False,
 ) -> SpeculativeResult | tuple[SpeculativeResult, Any, Any]:
   """Samples from the target, up to gamma drafted tokens per target call.
@@ -118,7 +118,9 @@ def speculative_decode(
       Algorithm 2: never fewer accepted drafts on average). Greedy decoding
       is the same under both.
     draft_threshold: stop drafting early below this confidence, in [0, 1);
-      0 always drafts gamma tokens.
+      0 always drafts gamma tokens. A float, or a `draft_loop.Threshold`
+      (as the Engine passes it, placed): the loop is compiled once for every
+      threshold above 0.
     return_caches: also return the final target and draft caches, so that a
       caller that donates the caches gets them back in the same memory.
 
@@ -131,10 +133,8 @@ def speculative_decode(
     raise ValueError(
         f"verifier must be one of {verify_lib.VERIFIERS}, got {verifier!r}."
     )
-  if not checks.is_number(draft_threshold) or not (0 <= draft_threshold < 1):
-    raise ValueError(
-        f"draft_threshold must be in [0, 1), got {draft_threshold!r}."
-    )
+  if not isinstance(draft_threshold, draft_loop.Threshold):
+    draft_threshold = draft_loop.Threshold(draft_threshold)
   decoding.check_decode_args(max_decode_len, eos_id)
   # Every write of the last target call lands in the caches.
   why = (
@@ -157,7 +157,7 @@ def speculative_decode(
       eos_id=eos_id,
       config=config,
       verifier=verifier,
-      draft_threshold=float(draft_threshold),
+      draft_threshold=draft_threshold,
       return_caches=return_caches,
   )
 
@@ -225,7 +225,7 @@ def _iteration(
       target_logits,
       draft_tokens,
       draft_probs,
-      num_drafted if draft_threshold > 0 else None,
+      num_drafted if draft_threshold.early_stop else None,
       config=config,
       verifier=verifier,
   )
@@ -260,7 +260,6 @@ def _iteration(
         "max_decode_len",
         "eos_id",
         "verifier",
-        "draft_threshold",
         "return_caches",
     )
 )

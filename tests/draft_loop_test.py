@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import fake_models
+from spec_decode import draft_loop
 from spec_decode import sampling
 from spec_decode import speculative
 
@@ -58,6 +59,31 @@ class DraftCatchUpTest(parameterized.TestCase):
         np.asarray(draft_cache.prefix_hashes)[:, :written],
         np.asarray(fresh.prefix_hashes)[:, :written],
     )
+
+
+class ThresholdTest(parameterized.TestCase):
+  """The threshold's value is a leaf; whether it stops early, the structure."""
+
+  def test_values_above_0_share_a_structure(self):
+    leaves, low = jax.tree.flatten(draft_loop.Threshold(0.3))
+    self.assertEqual(leaves, [0.3])
+    self.assertEqual(jax.tree.structure(draft_loop.Threshold(0.9)), low)
+    self.assertNotEqual(jax.tree.structure(draft_loop.Threshold(0.0)), low)
+
+  def test_traced_value_keeps_the_structure(self):
+    @jax.jit
+    def stop_and_value(threshold):
+      return threshold.early_stop, threshold.value * 2
+
+    early, doubled = stop_and_value(draft_loop.Threshold(0.25))
+    self.assertTrue(early)
+    self.assertEqual(float(doubled), 0.5)
+    self.assertFalse(stop_and_value(draft_loop.Threshold(0))[0])
+
+  @parameterized.parameters(1.0, -0.1, False, "0.5", float("nan"))
+  def test_bad_value_is_one_line(self, value):
+    with self.assertRaisesRegex(ValueError, r"^draft_threshold must be in"):
+      draft_loop.Threshold(value)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,15 @@ def fake_draft(model, contexts, capacity):
 
 
 def run_speculative(
-    target, draft, contexts, *, gamma, max_decode_len, config, seed=0
+    target,
+    draft,
+    contexts,
+    *,
+    gamma,
+    max_decode_len,
+    config,
+    seed=0,
+    draft_threshold=0.0,
 ):
   """Runs speculative_decode on fake models; draft is a drafts.Draft."""
   return speculative.speculative_decode(
@@ -37,6 +45,7 @@ def run_speculative(
       gamma=gamma,
       max_decode_len=max_decode_len,
       config=config,
+      draft_threshold=draft_threshold,
   )
 
 

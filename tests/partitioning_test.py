@@ -17,6 +17,7 @@ import numpy as np
 
 from spec_decode import checkpoints
 from spec_decode import decoding
+from spec_decode import draft_loop
 from spec_decode import drafts
 from spec_decode import engine
 from spec_decode import inputs as inputs_lib
@@ -195,12 +196,12 @@ class ShardedDecodingTest(parameterized.TestCase):
         engine._speculative_loop,  # pylint: disable=protected-access
         (target.decode_fn, draft.decode_fn, target.cache, draft.cache)
         + (decoders._place_key(jax.random.key(3)),)  # pylint: disable=protected-access
-        + (decoders._place(sampling.SamplingConfig(0.0)),),  # pylint: disable=protected-access
+        + (decoders._place(sampling.SamplingConfig(0.0)),)  # pylint: disable=protected-access
+        + (decoders._place(draft_loop.Threshold(0.0)),),  # pylint: disable=protected-access
         donate=(2, 3),
         gamma=GAMMA,
         max_decode_len=MAX_DECODE_LEN,
         verifier="block",
-        draft_threshold=0.0,
     )
     for leaf in jax.tree.leaves((target.cache, draft.cache)):
       self.assertTrue(leaf.is_deleted())
@@ -365,7 +366,9 @@ class ShardedLoadTest(absltest.TestCase):
       self.assertEqual(got.sharding, sharding)
 
 
-def _plain_speculative(params, draft_params, rows, rng, config):
+def _plain_speculative(
+    params, draft_params, rows, rng, config, draft_threshold=0.0
+):
   """`speculative.speculative_decode` of TARGET and DRAFT on one device."""
   capacity = MAX_DECODE_LEN + GAMMA + 1
   target = drafts.t5_draft(t5.Transformer(TARGET), params, rows, capacity)
@@ -380,6 +383,7 @@ def _plain_speculative(params, draft_params, rows, rng, config):
       max_decode_len=MAX_DECODE_LEN,
       eos_id=inputs_lib.EOS_ID,
       config=config,
+      draft_threshold=draft_threshold,
   )
 
 
@@ -440,6 +444,47 @@ class KeyTest(absltest.TestCase):
         params, draft_params, rows, rng, sampling.SamplingConfig(0.7)
     )
     np.testing.assert_array_equal(got.sequences, spec.sequences)
+
+  def test_one_compiled_loop_for_every_draft_threshold_above_0(self):
+    """The Engine places the threshold as an array: the loop it compiled at
+    0.3 stops early at 0.05 as the plain decoder does at 0.05. Threshold 0,
+    which never stops early, has a loop of its own (unrolled draft calls)."""
+    params, draft_params = random_params()
+    rows = inputs()
+    decoders = make_engine((2, 4), params, draft_params)
+    placed = decoders.place_inputs(rows)
+    rng = jax.random.key(3)
+    config = sampling.SamplingConfig(1.0)
+    engine.clear_compiled()
+    got = {}
+    for threshold in (0.3, 0.05, 0.0):
+      got[threshold] = decoders.speculative(
+          placed,
+          rng,
+          gamma=GAMMA,
+          max_decode_len=MAX_DECODE_LEN,
+          config=config,
+          draft_threshold=threshold,
+      )
+    loops = [
+        key
+        for key in engine._COMPILED  # pylint: disable=protected-access
+        if key[0] is engine._speculative_loop  # pylint: disable=protected-access
+    ]
+    self.assertLen(loops, 2)
+    for threshold in (0.05, 0.0):
+      spec = _plain_speculative(
+          params, draft_params, rows, rng, config, threshold
+      )
+      np.testing.assert_array_equal(got[threshold].sequences, spec.sequences)
+      np.testing.assert_array_equal(
+          got[threshold].draft_calls, spec.draft_calls
+      )
+    # The two thresholds stopped differently (at 0.3 every row stops after
+    # its first draft here): the test tells them apart.
+    self.assertFalse(
+        np.array_equal(got[0.3].draft_calls, got[0.05].draft_calls)
+    )
 
   def test_one_compiled_set_up_for_every_gamma_under_a_step(self):
     """The caches' room past max_decode_len does not depend on gamma."""

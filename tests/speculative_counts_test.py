@@ -266,9 +266,10 @@ class PrngCallsTest(absltest.TestCase):
 
 
 class CompiledOnceTest(absltest.TestCase):
-  """The temperature and top_p are traced (`sampling.SamplingConfig` is a
-  pytree): one compiled loop serves all their values, and a loop compiled at
-  one samples at another exactly as a loop compiled for it does."""
+  """The temperature, top_p and draft threshold are traced
+  (`sampling.SamplingConfig` and `draft_loop.Threshold` are pytrees): one
+  compiled loop serves all their values, and a loop compiled at one samples
+  at another exactly as a loop compiled for it does."""
 
   def test_one_loop_for_every_temperature_and_top_p(self):
     target = fake_models.random_model(0, loop_runs.VOCAB_SIZE)
@@ -292,6 +293,35 @@ class CompiledOnceTest(absltest.TestCase):
     after_another = decode(0.5, 0.9)
     np.testing.assert_array_equal(after_another, alone)
     self.assertFalse(np.array_equal(decode(1.4, 0.6), alone))
+    self.assertEqual(speculative._speculative_decode._cache_size(), 1)  # pylint: disable=protected-access
+
+  def test_one_loop_for_every_draft_threshold_above_0(self):
+    target = fake_models.random_model(0, loop_runs.VOCAB_SIZE)
+    draft = fake_models.perturbed(target, 1, 0.5)
+    contexts = fake_models.context_ids(6)
+
+    def decode(threshold):
+      result = loop_runs.run_speculative(
+          target,
+          drafts.Draft(draft, draft.init_cache(contexts, 12)),
+          contexts,
+          gamma=3,
+          max_decode_len=8,
+          config=sampling.SamplingConfig(),
+          draft_threshold=threshold,
+      )
+      return result.sequences, result.draft_calls
+
+    jax.clear_caches()
+    alone = decode(0.4)
+    jax.clear_caches()
+    other = decode(0.7)
+    after_another = decode(0.4)
+    np.testing.assert_array_equal(after_another[0], alone[0])
+    np.testing.assert_array_equal(after_another[1], alone[1])
+    # The two thresholds stop the draft at different places: the test tells
+    # them apart.
+    self.assertFalse(np.array_equal(other[1], alone[1]))
     self.assertEqual(speculative._speculative_decode._cache_size(), 1)  # pylint: disable=protected-access
 
 

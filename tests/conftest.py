@@ -1,8 +1,9 @@
 """Test set-up: 8 simulated CPU devices, one scratch directory, one cache.
 
-XLA reads the device flag once, when JAX's CPU backend starts, so it is set
+XLA reads its flags once, when JAX's CPU backend starts, so they are set
 here, before any test module imports JAX. Tests that do not shard run on
-device 0.
+device 0. Two more make XLA:CPU compile faster (`xla_flags.FAST_COMPILE`);
+a flag already in XLA_FLAGS keeps its value there.
 
 Every temporary file of a pytest run lands in one scratch directory, made
 when the run starts and removed when it exits: the tests' own, and those of
@@ -28,11 +29,13 @@ import tempfile
 
 import pytest
 
-_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
-if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(
-      filter(None, [os.environ.get("XLA_FLAGS"), _DEVICES_FLAG])
-  )
+import xla_flags
+
+for _flag in (xla_flags.SIMULATED_DEVICES, *xla_flags.FAST_COMPILE):
+  if xla_flags.name(_flag) not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        filter(None, [os.environ.get("XLA_FLAGS"), _flag])
+    )
 
 # Set in the process that starts the run; its workers inherit it.
 _SCRATCH_VARIABLE = "SPEC_DECODE_TESTS_SCRATCH"

@@ -80,6 +80,8 @@ class CompileFlagsTest(absltest.TestCase):
     for name in _SUITE_ONLY:
       self.assertTrue(any(f.startswith(name) for f in flags), name)
     default_flags = [f for f in flags if not f.startswith(_SUITE_ONLY)]
+    # JAX's persistent compilation cache keys a program by XLA_FLAGS too, so
+    # this process compiles its own programs.
     env = dict(os.environ, XLA_FLAGS=" ".join(default_flags))
     with tempfile.TemporaryDirectory() as directory:
       path = os.path.join(directory, "defaults.npz")

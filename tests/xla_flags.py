@@ -3,7 +3,7 @@
 SIMULATED_DEVICES gives the CPU backend 8 devices, for the sharding tests.
 FAST_COMPILE compiles the same programs in about a third less time:
 XLA:CPU's elemental IR emitters instead of its MLIR fusion emitters, and
-LLVM at -O1 instead of -O2. Neither allows fast math; compile_flags_test.py
+LLVM at -O1 instead of -O2. Neither allows fast math; xla_flags_test.py
 checks that programs compiled with and without them compute the same bits.
 """
 

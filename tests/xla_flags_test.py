@@ -73,7 +73,7 @@ def _save(path):
   np.savez(path, **outputs())
 
 
-class CompileFlagsTest(absltest.TestCase):
+class FastCompileTest(absltest.TestCase):
 
   def test_defaults_compute_the_same_bits(self):
     flags = os.environ["XLA_FLAGS"].split()
@@ -89,7 +89,7 @@ class CompileFlagsTest(absltest.TestCase):
           [
               sys.executable,
               "-c",
-              f"import compile_flags_test; compile_flags_test._save({path!r})",
+              f"import xla_flags_test; xla_flags_test._save({path!r})",
           ],
           cwd=_TESTS,
           env=env,

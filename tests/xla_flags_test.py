@@ -62,6 +62,7 @@ def _sampled_decode():
 
 
 def outputs():
+  """What both processes compute: {name: array}."""
   return {
       "float32": _t5_logits("float32"),
       "bfloat16": _t5_logits("bfloat16"),

@@ -68,12 +68,20 @@ class FewRowsTest(parameterized.TestCase):
     self.assertEqual(got.shape, (2, 3, 17))
     np.testing.assert_allclose(got, _reference(x, w), rtol=1e-5, atol=1e-5)
 
-  def test_a_row_is_the_same_alone_and_among_others(self):
+  @parameterized.parameters(
+      # Split over the kernel's threads (600 x 512 weights); an odd number of
+      # weight rows, with a chunk of 8 and a scalar tail of k (601 x 525);
+      # small enough for the calling thread alone (63 x 37).
+      (512, 600),
+      (525, 601),
+      (37, 63),
+  )
+  def test_a_row_is_the_same_alone_and_among_others(self, k, n):
     # The summation order is fixed: a decode step's row and the same row in
     # a verification call get bit-identical sums, and so do repeated calls,
-    # whichever of the kernel's threads computes them (600 x 512 weights are
-    # split over them).
-    x, w = _operands((few_rows.MAX_ROWS,), 512, 600)
+    # whichever of the kernel's threads computes them, and whether a group
+    # of rows takes one weight row a pass or two (AVX-512 hosts, 3-6 rows).
+    x, w = _operands((few_rows.MAX_ROWS,), k, n)
     product = jax.jit(few_rows.product)
     together = np.asarray(product(x, w))
     np.testing.assert_array_equal(np.asarray(product(x, w)), together)

@@ -157,6 +157,77 @@ class DotProductAttentionTest(parameterized.TestCase):
     self.assertLess(error, 2e-2)
 
 
+def _dot_count(fn, *args):
+  """The dot_general equations in fn's jaxpr, nested ones included."""
+
+  def count(jaxpr):
+    total = 0
+    for eqn in jaxpr.eqns:
+      total += eqn.primitive.name == "dot_general"
+      for sub in jax.core.jaxprs_in_params(eqn.params):
+        total += count(sub)
+    return total
+
+  return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+class PerQueryAttentionTest(parameterized.TestCase):
+  """per_query: each of a few queries attends as a call with it alone."""
+
+  def _inputs(self, num_queries):
+    b, h, d, s = 2, 4, 8, 11
+    keys = jax.random.split(jax.random.key(1), 4)
+    query = 2 * jax.random.normal(keys[0], (b, num_queries, h, d))
+    key = jax.random.normal(keys[1], (b, h, d, s))
+    value = jax.random.normal(keys[2], (b, h, s, d))
+    # A bias and a causal mask that differ from query to query, and a
+    # padding mask that does not (the cross-attention's [B, 1, 1, S]).
+    bias = jax.random.normal(keys[3], (1, h, num_queries, s))
+    causal = (jnp.arange(s) <= 6 + jnp.arange(num_queries)[:, None])[None, None]
+    padding = (jnp.arange(s) < jnp.array([9, s])[:, None])[:, None, None, :]
+    return query, key, value, bias, causal & padding, padding
+
+  def test_each_query_as_if_alone(self):
+    query, key, value, bias, causal, padding = self._inputs(3)
+    for mask, mask_of in (
+        (causal, lambda t: causal[:, :, t : t + 1]),
+        (padding, lambda t: padding),
+    ):
+      got = layers.dot_product_attention(
+          query, key, value, bias, mask, jnp.float32, per_query=True
+      )
+      alone = [
+          layers.dot_product_attention(
+              query[:, t : t + 1],
+              key,
+              value,
+              bias[:, :, t : t + 1],
+              mask_of(t),
+              jnp.float32,
+          )
+          for t in range(3)
+      ]
+      np.testing.assert_array_equal(got, jnp.concatenate(alone, axis=1))
+      np.testing.assert_allclose(
+          got,
+          _reference_attention(query, key, value, bias, mask),
+          rtol=0,
+          atol=2e-6,
+      )
+
+  @parameterized.parameters(
+      (1, True, 2), (3, True, 6), (16, True, 32), (17, True, 2), (3, False, 2)
+  )
+  def test_unrolls_only_a_few_queries(self, num_queries, per_query, dots):
+    # Two dots a query up to PER_QUERY_MAX_QUERIES; past it (a decoder's
+    # training pass) one batched pair, as without per_query.
+    query, key, value, bias, causal, _ = self._inputs(num_queries)
+    attend = lambda q: layers.dot_product_attention(
+        q, key, value, bias, causal, jnp.float32, per_query=per_query
+    )
+    self.assertEqual(_dot_count(attend, query), dots)
+
+
 class RelativePositionBucketTest(absltest.TestCase):
 
   def test_matches_reference_formula(self):

@@ -115,5 +115,40 @@ class TransposedKernelsTest(parameterized.TestCase):
     np.testing.assert_allclose(logits["few"], logits["t5x"], atol=ATOL, rtol=0)
 
 
+class PerQueryAttentionTest(absltest.TestCase):
+  """T5Config.per_query_attention: the decoder's attention query by query."""
+
+  def test_not_a_bool_raises(self):
+    with self.assertRaisesRegex(ValueError, "per_query_attention must be True"):
+      dataclasses.replace(_config("t5_1_1"), per_query_attention="yes")
+
+  def test_decode_calls_attend_query_by_query(self):
+    config = _config("t5_1_1")
+    per_query = dataclasses.replace(config, per_query_attention=True)
+    params = t5.init_params(config, jax.random.key(2))
+    rng = np.random.default_rng(2)
+    inputs = jnp.asarray(rng.integers(2, 97, (2, 7)))
+    targets = jnp.asarray(rng.integers(2, 97, (2, 4)))
+    logits, dots = {}, {}
+    for name, cfg in (("batched", config), ("per_query", per_query)):
+      model = t5.Transformer(cfg)
+      encoded = model.apply({"params": params}, inputs, method=model.encode)
+      cache = model.apply(
+          {"params": params}, encoded, inputs, 12, method=model.init_cache
+      )
+      decode = _jitted_decode(model)
+      step, cache = decode(params, targets[:, :1], cache)
+      rest, _ = decode(params, targets[:, 1:], cache)
+      logits[name] = np.concatenate([step, rest], axis=1)
+      jaxpr = jax.make_jaxpr(decode)(params, targets[:, 1:], cache)
+      dots[name] = str(jaxpr).count("dot_general")
+    np.testing.assert_allclose(
+        logits["per_query"], logits["batched"], atol=ATOL, rtol=0
+    )
+    # 3 layers x 2 attentions x 2 dots, for each of the call's 3 queries
+    # instead of once.
+    self.assertEqual(dots["per_query"] - dots["batched"], 3 * 2 * 2 * 2)
+
+
 if __name__ == "__main__":
   absltest.main()

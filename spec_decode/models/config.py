@@ -63,6 +63,12 @@ class T5Config:
       CPU kernel, which reads each kernel once for all its rows
       (`spec_decode/kernels/few_rows.py`); on other platforms, or where it
       does not compile, XLA's dot. The sums match to float32 rounding.
+    per_query_attention: a decoder call of 2-16 tokens (a verification call,
+      a draft's 2-token chunk) attends one query at a time, as that many
+      1-token calls would. On a CPU, XLA runs a few queries' batched
+      attention dots 2-3 times slower than one query's (README, "A
+      twenty-first session: attention one query at a time"); on an
+      accelerator one batched dot is the better program.
   """
 
   vocab_size: int = gin.REQUIRED
@@ -83,6 +89,7 @@ class T5Config:
   attention_buckets: int = 1
   transposed_kernels: bool = False
   few_rows_kernel: bool = False
+  per_query_attention: bool = False
 
   def __post_init__(self):
     for name in (
@@ -127,7 +134,11 @@ class T5Config:
             f"T5Config.{name} must be one of {allowed}, got "
             f"{getattr(self, name)!r}"
         )
-    for name in ("transposed_kernels", "few_rows_kernel"):
+    for name in (
+        "transposed_kernels",
+        "few_rows_kernel",
+        "per_query_attention",
+    ):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(
             f"T5Config.{name} must be True or False, got "

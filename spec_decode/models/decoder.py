@@ -29,6 +29,7 @@ class DecoderLayer(nn.Module):
         dtype,
         transposed_kernels=cfg.transposed_kernels,
         few_rows_kernel=cfg.few_rows_kernel,
+        per_query=cfg.per_query_attention,
     )
     self.pre_cross_attention_layer_norm = layers.RmsNorm(dtype)
     self.encoder_decoder_attention = layers.MultiHeadAttention(
@@ -38,6 +39,7 @@ class DecoderLayer(nn.Module):
         dtype,
         transposed_kernels=cfg.transposed_kernels,
         few_rows_kernel=cfg.few_rows_kernel,
+        per_query=cfg.per_query_attention,
     )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
     self.mlp = layers.Mlp(

@@ -244,7 +244,21 @@ class RelativePositionBias(nn.Module):
     return jnp.transpose(bias, (1, 0, 2, 3))
 
 
-def dot_product_attention(query, key, value, bias, mask, dtype):
+# The most queries `per_query` attention takes one at a time; more (a
+# decoder's teacher-forced training pass) go to one batched dot.
+PER_QUERY_MAX_QUERIES = 16
+
+
+def _query_slice(x, t):
+  """Query t's slice of an array broadcastable to [B, H, T, S] (or None)."""
+  if x is None or x.shape[2] == 1:
+    return x
+  return x[:, :, t : t + 1]
+
+
+def dot_product_attention(
+    query, key, value, bias, mask, dtype, per_query=False
+):
   """T5 attention: no 1/sqrt(d) scaling (t5x folds it into the query init).
 
   Keys and values come in the cache's layout: keys [B, H, D, S] and values
@@ -260,10 +274,27 @@ def dot_product_attention(query, key, value, bias, mask, dtype):
     bias: broadcastable to [B, H, T, S], or None.
     mask: bool broadcastable to [B, H, T, S]; False means masked out.
     dtype: the dtype of the returned values.
+    per_query: attend one query at a time when 1 < T <= PER_QUERY_MAX_QUERIES
+      (`T5Config.per_query_attention`): each query's outputs are then those
+      of a call with that query alone.
 
   Returns:
     [B, T, H, D] in `dtype`.
   """
+  num_queries = query.shape[1]
+  if per_query and 1 < num_queries <= PER_QUERY_MAX_QUERIES:
+    outputs = [
+        dot_product_attention(
+            query[:, t : t + 1],
+            key,
+            value,
+            _query_slice(bias, t),
+            _query_slice(mask, t),
+            dtype,
+        )
+        for t in range(num_queries)
+    ]
+    return jnp.concatenate(outputs, axis=1)  # T x [B, 1, H, D] -> [B, T, H, D]
   logits = jnp.einsum(
       "bthd,bhds->bhts", query, key, preferred_element_type=jnp.float32
   )
@@ -298,6 +329,7 @@ class MultiHeadAttention(nn.Module):
   dtype: DType = jnp.float32
   transposed_kernels: bool = False
   few_rows_kernel: bool = False
+  per_query: bool = False
 
   def setup(self):
     joined = self.num_heads * self.head_dim
@@ -334,7 +366,9 @@ class MultiHeadAttention(nn.Module):
   def attend(self, query, key, value, bias, mask):
     """[B, T, H, D] queries -> [B, T, E], over keys [B, H, D, S], values
     [B, H, S, D]."""
-    x = dot_product_attention(query, key, value, bias, mask, self.dtype)
+    x = dot_product_attention(
+        query, key, value, bias, mask, self.dtype, self.per_query
+    )
     # [B, T, H, D] -> [B, T, H * D]
     x = x.reshape(x.shape[:-2] + (self.num_heads * self.head_dim,))
     return self.out(x)

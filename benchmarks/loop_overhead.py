@@ -154,21 +154,6 @@ def _pair(target, draft, inputs, capacity):
   )
 
 
-def _sentence_batches(num_sentences, batch_size):
-  """int32 [B, S] batches of the run config's first inputs, each trimmed."""
-  # pylint: disable-next=g-import-not-at-top (seqio, TensorFlow)
-  from spec_decode import vocabulary
-
-  texts = inputs_lib.read_inputs()[:num_sentences]
-  encoded = inputs_lib.encode(
-      texts, vocabulary.bound_for_run(), _MAX_SENTENCE_LEN, truncate=True
-  )
-  return [
-      inputs_lib.trim(batch)
-      for batch, _ in inputs_lib.batches(encoded.tokens, batch_size)
-  ]
-
-
 def _random_batch(vocab_size, batch_size):
   """int32 [B, --input_len] random token ids."""
   return np.random.default_rng(0).integers(
@@ -310,7 +295,9 @@ def measure(target, draft, batches, gamma, max_decode_len, rounds, calls):
 def _batches(target, batch_size):
   """The point's input batches: the run's sentences, or one random batch."""
   if _SENTENCES.value:
-    return _sentence_batches(_SENTENCES.value, batch_size)
+    return inputs_lib.run_config_batches(
+        _SENTENCES.value, batch_size, _MAX_SENTENCE_LEN
+    )
   return [_random_batch(target.config.vocab_size, batch_size)]
 
 

@@ -256,3 +256,17 @@ def trim(batch, minimum=8):
   """
   longest = max(int(np.max(np.sum(batch > 0, axis=1))), minimum)
   return batch[:, : min(batch.shape[1], padded_length(longest))]
+
+
+def run_config_batches(num_inputs, batch_size, max_input_len=512):
+  """The run config's first inputs (`read_inputs` as gin binds it), encoded
+  with its vocabulary, as trimmed int32 [B, S] batches: what a run decodes.
+  For benchmarks that time the decoders on a run's own sentences."""
+  # pylint: disable-next=g-import-not-at-top (seqio, TensorFlow)
+  from spec_decode import vocabulary
+
+  texts = read_inputs()[:num_inputs]
+  encoded = encode(
+      texts, vocabulary.bound_for_run(), max_input_len, truncate=True
+  )
+  return [trim(batch) for batch, _ in batches(encoded.tokens, batch_size)]

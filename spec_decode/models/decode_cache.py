@@ -36,7 +36,7 @@ class DecodeCache:
 
   L is the cache's capacity in decoder positions, S the encoder's length.
   Keys are [B, H, D, L] and values [B, H, L, D]: the layouts attention reads
-  without a transpose or copy (`layers.dot_product_attention`).
+  without a transpose or copy (`attention.dot_product_attention`).
 
   Attributes:
     keys: one [B, H, D, L] array of self-attention keys per decoder layer.

@@ -8,6 +8,7 @@ and an MLP per layer, then the logits: through the tied embedding (T5 1.0) or
 from flax import linen as nn
 import jax.numpy as jnp
 
+from spec_decode.models import attention
 from spec_decode.models import decode_cache
 from spec_decode.models import layers
 from spec_decode.models.config import T5Config
@@ -22,7 +23,7 @@ class DecoderLayer(nn.Module):
     cfg = self.config
     dtype = cfg.activation_dtype
     self.pre_self_attention_layer_norm = layers.RmsNorm(dtype)
-    self.self_attention = layers.MultiHeadAttention(
+    self.self_attention = attention.MultiHeadAttention(
         cfg.num_heads,
         cfg.head_dim,
         cfg.emb_dim,
@@ -32,7 +33,7 @@ class DecoderLayer(nn.Module):
         per_query=cfg.per_query_attention,
     )
     self.pre_cross_attention_layer_norm = layers.RmsNorm(dtype)
-    self.encoder_decoder_attention = layers.MultiHeadAttention(
+    self.encoder_decoder_attention = attention.MultiHeadAttention(
         cfg.num_heads,
         cfg.head_dim,
         cfg.emb_dim,

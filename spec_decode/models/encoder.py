@@ -3,6 +3,7 @@
 from flax import linen as nn
 import jax.numpy as jnp
 
+from spec_decode.models import attention
 from spec_decode.models import layers
 from spec_decode.models.config import T5Config
 
@@ -16,7 +17,7 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     dtype = cfg.activation_dtype
     self.pre_attention_layer_norm = layers.RmsNorm(dtype)
-    self.attention = layers.MultiHeadAttention(
+    self.attention = attention.MultiHeadAttention(
         cfg.num_heads,
         cfg.head_dim,
         cfg.emb_dim,

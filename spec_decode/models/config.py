@@ -65,10 +65,10 @@ class T5Config:
       does not compile, XLA's dot. The sums match to float32 rounding.
     per_query_attention: a decoder call of 2-16 tokens (a verification call,
       a draft's 2-token chunk) attends one query at a time, as that many
-      1-token calls would. On a CPU, XLA runs a few queries' batched
-      attention dots 2-3 times slower than one query's (README, "A
-      twenty-first session: attention one query at a time"); on an
-      accelerator one batched dot is the better program.
+      1-token calls would. On a CPU, XLA ran the batched attention of 2-5
+      queries 2.0-4.9 times as long as the same queries one at a time
+      (README, "A twenty-first session: attention one query at a time"); on
+      an accelerator one batched dot is the better program.
   """
 
   vocab_size: int = gin.REQUIRED

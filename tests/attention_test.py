@@ -86,7 +86,7 @@ def _dot_count(fn, *args):
     total = 0
     for eqn in jaxpr.eqns:
       total += eqn.primitive.name == "dot_general"
-      for sub in jax.core.jaxprs_in_params(eqn.params):
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         total += count(sub)
     return total
 
@@ -148,6 +148,64 @@ class PerQueryAttentionTest(parameterized.TestCase):
         q, key, value, bias, causal, jnp.float32, per_query=per_query
     )
     self.assertEqual(_dot_count(attend, query), dots)
+
+
+class KernelAttentionTest(parameterized.TestCase):
+  """kernel: a few float32 queries attend in the CPU kernel
+  (tests/few_queries_test.py tests the kernel itself)."""
+
+  def _inputs(self, num_queries, dtype=jnp.float32):
+    b, h, d, s = 2, 4, 8, 11
+    keys = jax.random.split(jax.random.key(2), 4)
+    query = jax.random.normal(keys[0], (b, num_queries, h, d))
+    key = jax.random.normal(keys[1], (b, h, d, s))
+    value = jax.random.normal(keys[2], (b, h, s, d))
+    bias = jax.random.normal(keys[3], (1, h, num_queries, s))
+    causal = (jnp.arange(s) <= 6 + jnp.arange(num_queries)[:, None])[None, None]
+    return tuple(x.astype(dtype) for x in (query, key, value, bias)) + (causal,)
+
+  @parameterized.parameters(
+      (1, jnp.float32, 1),
+      (16, jnp.float32, 1),
+      (17, jnp.float32, 0),
+      (4, jnp.bfloat16, 0),
+  )
+  def test_few_float32_queries_in_the_kernel(self, num_queries, dtype, calls):
+    inputs = self._inputs(num_queries, dtype)
+    attend = lambda *args: attention.dot_product_attention(
+        *args, dtype=dtype, kernel=True
+    )
+    hlo = jax.jit(attend).lower(*inputs).as_text()
+    self.assertEqual(
+        hlo.count("custom_call @spec_decode_few_queries_attention("), calls
+    )
+    np.testing.assert_allclose(
+        np.asarray(attend(*inputs), np.float64),
+        _reference_attention(*inputs),
+        rtol=0,
+        atol=2e-6 if dtype == jnp.float32 else 2e-2,
+    )
+
+  def test_gradient_is_xla_attentions(self):
+    # The kernel has no gradient of its own: the XLA version's, at the same
+    # inputs, to float32 rounding of the outputs it weighs.
+    query, key, value, bias, causal = self._inputs(3)
+    weights = jax.random.normal(jax.random.key(5), query.shape)
+
+    def loss(kernel, *args):
+      out = attention.dot_product_attention(
+          *args, causal, jnp.float32, kernel=kernel
+      )
+      return jnp.sum(out * weights)
+
+    grads = {
+        kernel: jax.jit(jax.grad(loss, argnums=(1, 2, 3, 4)), static_argnums=0)(
+            kernel, query, key, value, bias
+        )
+        for kernel in (True, False)
+    }
+    for got, expected in zip(grads[True], grads[False]):
+      np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
 
 
 if __name__ == "__main__":

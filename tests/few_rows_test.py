@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -164,21 +163,6 @@ class FewRowsTest(parameterized.TestCase):
 
 
 class BuildTest(absltest.TestCase):
-
-  def test_a_second_build_reuses_the_library(self):
-    library = few_rows._build()
-    with mock.patch.object(subprocess, "run") as run:
-      self.assertEqual(few_rows._build(), library)
-    run.assert_not_called()
-
-  def test_a_compiler_failure_names_the_compiler(self):
-    cache = self.enterContext(tempfile.TemporaryDirectory())
-    with mock.patch.dict(
-        os.environ, {"CXX": "false", "SPEC_DECODE_CACHE": cache}
-    ):
-      with self.assertRaisesRegex(RuntimeError, "false failed on few_rows.cc"):
-        few_rows._build()
-    self.assertEqual(list(pathlib.Path(cache, "kernels").iterdir()), [])
 
   def test_a_forked_child_has_its_own_workers(self):
     # The parent's worker threads do not exist in a forked child: its first

@@ -13,7 +13,7 @@ import tempfile
 
 from absl.testing import absltest
 
-from spec_decode.kernels import few_rows
+from spec_decode.kernels import library
 
 _KERNELS = (
     pathlib.Path(__file__).resolve().parent.parent / "spec_decode" / "kernels"
@@ -32,7 +32,7 @@ class SpinPoolTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    compiler = few_rows.compiler()
+    compiler = library.compiler()
     if not compiler:
       raise absltest.SkipTest("no C++ compiler")
     cls._scratch = tempfile.TemporaryDirectory()

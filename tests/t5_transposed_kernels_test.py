@@ -115,6 +115,28 @@ class TransposedKernelsTest(parameterized.TestCase):
     np.testing.assert_allclose(logits["few"], logits["t5x"], atol=ATOL, rtol=0)
 
 
+def _decode_twice(config, params, seed):
+  """A 1-token then a 3-token cached decode call of 2 rows.
+
+  Returns:
+    Their logits [2, 4, V], the jitted decode, and its arguments for the
+    3-token call on the fresh cache (to trace or lower it).
+  """
+  rng = np.random.default_rng(seed)
+  inputs = jnp.asarray(rng.integers(2, 97, (2, 7)))
+  targets = jnp.asarray(rng.integers(2, 97, (2, 4)))
+  model = t5.Transformer(config)
+  encoded = model.apply({"params": params}, inputs, method=model.encode)
+  cache = model.apply(
+      {"params": params}, encoded, inputs, 12, method=model.init_cache
+  )
+  decode = _jitted_decode(model)
+  step, after = decode(params, targets[:, :1], cache)
+  rest, _ = decode(params, targets[:, 1:], after)
+  logits = np.concatenate([step, rest], axis=1)
+  return logits, decode, (params, targets[:, 1:], cache)
+
+
 class PerQueryAttentionTest(absltest.TestCase):
   """T5Config.per_query_attention: the decoder's attention query by query."""
 
@@ -126,28 +148,41 @@ class PerQueryAttentionTest(absltest.TestCase):
     config = _config("t5_1_1")
     per_query = dataclasses.replace(config, per_query_attention=True)
     params = t5.init_params(config, jax.random.key(2))
-    rng = np.random.default_rng(2)
-    inputs = jnp.asarray(rng.integers(2, 97, (2, 7)))
-    targets = jnp.asarray(rng.integers(2, 97, (2, 4)))
     logits, dots = {}, {}
     for name, cfg in (("batched", config), ("per_query", per_query)):
-      model = t5.Transformer(cfg)
-      encoded = model.apply({"params": params}, inputs, method=model.encode)
-      cache = model.apply(
-          {"params": params}, encoded, inputs, 12, method=model.init_cache
-      )
-      decode = _jitted_decode(model)
-      step, cache = decode(params, targets[:, :1], cache)
-      rest, _ = decode(params, targets[:, 1:], cache)
-      logits[name] = np.concatenate([step, rest], axis=1)
-      jaxpr = jax.make_jaxpr(decode)(params, targets[:, 1:], cache)
-      dots[name] = str(jaxpr).count("dot_general")
+      logits[name], decode, args = _decode_twice(cfg, params, 2)
+      dots[name] = str(jax.make_jaxpr(decode)(*args)).count("dot_general")
     np.testing.assert_allclose(
         logits["per_query"], logits["batched"], atol=ATOL, rtol=0
     )
     # 3 layers x 2 attentions x 2 dots, once for each of the call's 3
     # queries instead of once in all.
     self.assertEqual(dots["per_query"] - dots["batched"], 3 * 2 * 2 * (3 - 1))
+
+
+class AttentionKernelTest(absltest.TestCase):
+  """T5Config.attention_kernel: the decoder's attention in the CPU kernel."""
+
+  def test_not_a_bool_raises(self):
+    with self.assertRaisesRegex(ValueError, "attention_kernel must be True"):
+      dataclasses.replace(_config("t5_1_1"), attention_kernel=1)
+
+  def test_decode_calls_attend_in_the_kernel(self):
+    config = _config("t5_1_1")
+    kernel = dataclasses.replace(config, attention_kernel=True)
+    params = t5.init_params(config, jax.random.key(3))
+    logits = {}
+    for name, cfg in (("xla", config), ("kernel", kernel)):
+      logits[name], decode, args = _decode_twice(cfg, params, 3)
+      hlo = decode.lower(*args).as_text()
+      # 3 layers x (self- and cross-attention) in the kernel, or none.
+      self.assertEqual(
+          hlo.count("custom_call @spec_decode_few_queries_attention("),
+          3 * 2 if name == "kernel" else 0,
+      )
+    np.testing.assert_allclose(
+        logits["kernel"], logits["xla"], atol=ATOL, rtol=0
+    )
 
 
 if __name__ == "__main__":

@@ -4,9 +4,8 @@ XLA:CPU multiplies 2-16 rows by a weight matrix far below the memory bound
 (on a Zen 2 core, 5 rows cost about 2.3 one-row products), so a
 (gamma+1)-token verification call costs much more than a decode step.
 `few_rows.cc` streams each weight row once for all the rows instead; it is an
-XLA FFI custom call, compiled for the host CPU on first use (`g++ -O3
--march=native`, about 3 s) and cached under ~/.cache/spec_decode, or
-$SPEC_DECODE_CACHE.
+XLA FFI custom call, compiled for the host CPU on first use (about 3 s;
+`spec_decode/kernels/library.py`).
 
 `product(x, kernel)` is the einsum "...k,nk->...n" to float32 rounding. It
 uses the kernel only on CPU, in float32, for at most `MAX_ROWS` rows, outside
@@ -18,21 +17,13 @@ Usage:
   y = few_rows.product(x, kernel)    # x [..., K], kernel [N, K] -> [..., N]
 """
 
-import ctypes
-import functools
-import hashlib
-import os
 import pathlib
-import platform
-import shutil
-import subprocess
-import tempfile
 
-from absl import logging
 import jax
 from jax import lax
 import jax.numpy as jnp
-import jaxlib
+
+from spec_decode.kernels import library
 
 _SOURCE = pathlib.Path(__file__).with_name("few_rows.cc")
 # The worker threads it includes.
@@ -42,100 +33,13 @@ _TARGET = "spec_decode_few_rows_product"
 # 16 rows (a 16-token call 13.4 ms against 17.3; benchmarks/kernel_layouts.py);
 # past about 24 the products turn compute-bound and XLA's kernels catch up.
 MAX_ROWS = 16
-_COMPILE_TIMEOUT_S = 300
 
 
-def _cache_dir():
-  root = os.environ.get("SPEC_DECODE_CACHE") or os.path.join(
-      os.path.expanduser("~"), ".cache", "spec_decode"
-  )
-  return pathlib.Path(root) / "kernels"
-
-
-def _host_cpu():
-  """What -march=native depends on: the CPU's model and feature flags."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      lines = [
-          l for l in f if l.startswith(("model name", "flags", "Features"))
-      ]
-  except OSError:
-    lines = []
-  return platform.machine() + "".join(sorted(set(lines)))
-
-
-def _compile_command(compiler, output):
-  return [
-      compiler,
-      "-O3",
-      "-march=native",
-      "-std=c++17",
-      "-shared",
-      "-fPIC",
-      "-pthread",
-      "-w",
-      f"-I{jax.ffi.include_dir()}",
-      str(_SOURCE),
-      "-o",
-      str(output),
-  ]
-
-
-def compiler():
-  """The C++ compiler the kernel is built with ($CXX, g++ or c++), or None."""
-  return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-
-
-def _build():
-  """The compiled library's path, compiling it if no cached copy matches."""
-  compiler_path = compiler()
-  if not compiler_path:
-    raise RuntimeError("no C++ compiler (set CXX, or install g++)")
-  key = hashlib.sha256(
-      "\0".join(
-          [
-              _SOURCE.read_text(),
-              _HEADER.read_text(),
-              " ".join(_compile_command(compiler_path, "")),
-              jaxlib.__version__,
-              _host_cpu(),
-          ]
-      ).encode()
-  ).hexdigest()[:16]
-  library = _cache_dir() / f"few_rows-{key}.so"
-  if library.exists():
-    return library
-  library.parent.mkdir(parents=True, exist_ok=True)
-  # Compiled beside its final name, then renamed: concurrent processes (test
-  # workers) never load a half-written library.
-  with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
-    output = pathlib.Path(scratch) / library.name
-    result = subprocess.run(
-        _compile_command(compiler_path, output),
-        capture_output=True,
-        text=True,
-        timeout=_COMPILE_TIMEOUT_S,
-        check=False,
-    )
-    if result.returncode:
-      last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-      raise RuntimeError(f"{compiler_path} failed on {_SOURCE.name}: {last}")
-    os.replace(output, library)
-  return library
-
-
-@functools.cache
 def available():
   """Whether the kernel is compiled and registered; logs why not, once."""
-  try:
-    library = ctypes.cdll.LoadLibrary(str(_build()))
-    jax.ffi.register_ffi_target(
-        _TARGET, jax.ffi.pycapsule(library.FewRowsProduct), platform="cpu"
-    )
-  except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-    logging.warning("few-rows CPU kernel unavailable, using XLA's dot: %s", e)
-    return False
-  return True
+  return library.register(
+      _SOURCE, (_HEADER,), (), "FewRowsProduct", _TARGET, "few-rows CPU kernel"
+  )
 
 
 def _einsum(x, kernel):

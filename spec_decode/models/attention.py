@@ -3,17 +3,23 @@
 `dot_product_attention` reads the cache's keys [B, H, D, S] and values
 [B, H, S, D] in place and normalizes its softmax after the values' product;
 with `per_query` it attends a call's few queries one at a time, each as a
-call with it alone (`T5Config.per_query_attention`). `MultiHeadAttention`
-holds the query, key, value and output projections with t5x's parameter
-names and logical axes; the caller supplies keys, values, biases and masks.
+call with it alone (`T5Config.per_query_attention`), and with `kernel` it
+attends them in one CPU custom call, each again as alone
+(`T5Config.attention_kernel`, `spec_decode/kernels/few_queries.py`).
+`MultiHeadAttention` holds the query, key, value and output projections with
+t5x's parameter names and logical axes; the caller supplies keys, values,
+biases and masks.
 """
 
 import functools
 from typing import Any
 
 from flax import linen as nn
+import jax
+from jax import lax
 import jax.numpy as jnp
 
+from spec_decode.kernels import few_queries
 from spec_decode.models import layers
 
 DType = Any
@@ -50,8 +56,39 @@ def _per_query_attention(query, key, value, bias, mask, dtype):
   return jnp.concatenate(outputs, axis=1)  # T x [B, 1, H, D] -> [B, T, H, D]
 
 
+def _xla_attention(query, key, value, bias, mask):
+  """`dot_product_attention` in float32 as XLA's ops: the kernel's gradient,
+  and what it lowers to off CPU."""
+  return dot_product_attention(query, key, value, bias, mask, jnp.float32)
+
+
+@jax.custom_vjp
+def _kernel_attention(query, key, value, bias, mask):
+  return lax.platform_dependent(
+      query,
+      key,
+      value,
+      bias,
+      mask,
+      cpu=few_queries.attention,
+      default=_xla_attention,
+  )
+
+
+def _kernel_forward(query, key, value, bias, mask):
+  args = (query, key, value, bias, mask)
+  return _kernel_attention(*args), args
+
+
+def _kernel_backward(args, grad):
+  return jax.vjp(_xla_attention, *args)[1](grad)
+
+
+_kernel_attention.defvjp(_kernel_forward, _kernel_backward)
+
+
 def dot_product_attention(
-    query, key, value, bias, mask, dtype, per_query=False
+    query, key, value, bias, mask, dtype, per_query=False, kernel=False
 ):
   """T5 attention: no 1/sqrt(d) scaling (t5x folds it into the query init).
 
@@ -71,10 +108,15 @@ def dot_product_attention(
     per_query: attend one query at a time when 1 < T <= PER_QUERY_MAX_QUERIES
       (`T5Config.per_query_attention`): each query's outputs are then those
       of a call with that query alone.
+    kernel: in float32, for T <= `few_queries.MAX_QUERIES`, attend in the CPU
+      kernel (`T5Config.attention_kernel`), each query again as alone; XLA's
+      ops on other platforms, and where it does not compile.
 
   Returns:
     [B, T, H, D] in `dtype`.
   """
+  if kernel and few_queries.applies(query, key, value):
+    return _kernel_attention(query, key, value, bias, mask).astype(dtype)
   if per_query and 1 < query.shape[1] <= PER_QUERY_MAX_QUERIES:
     return _per_query_attention(query, key, value, bias, mask, dtype)
   logits = jnp.einsum(
@@ -112,6 +154,7 @@ class MultiHeadAttention(nn.Module):
   transposed_kernels: bool = False
   few_rows_kernel: bool = False
   per_query: bool = False
+  kernel: bool = False
 
   def setup(self):
     joined = self.num_heads * self.head_dim
@@ -149,7 +192,7 @@ class MultiHeadAttention(nn.Module):
     """[B, T, H, D] queries -> [B, T, E], over keys [B, H, D, S], values
     [B, H, S, D]."""
     x = dot_product_attention(
-        query, key, value, bias, mask, self.dtype, self.per_query
+        query, key, value, bias, mask, self.dtype, self.per_query, self.kernel
     )
     # [B, T, H, D] -> [B, T, H * D]
     x = x.reshape(x.shape[:-2] + (self.num_heads * self.head_dim,))

@@ -69,6 +69,12 @@ class T5Config:
       queries 2.0-4.9 times as long as the same queries one at a time
       (README, "A twenty-first session: attention one query at a time"); on
       an accelerator one batched dot is the better program.
+    attention_kernel: a decoder call's attention of at most 16 queries runs
+      in float32 in spec_decode's CPU kernel, all its rows, queries and heads
+      in one custom call, each query as in a call with it alone
+      (`spec_decode/kernels/few_queries.py`); XLA:CPU runs it as about eight
+      small ops per query and layer. On other platforms, or where it does
+      not compile, XLA's ops.
   """
 
   vocab_size: int = gin.REQUIRED
@@ -90,6 +96,7 @@ class T5Config:
   transposed_kernels: bool = False
   few_rows_kernel: bool = False
   per_query_attention: bool = False
+  attention_kernel: bool = False
 
   def __post_init__(self):
     for name in (
@@ -138,6 +145,7 @@ class T5Config:
         "transposed_kernels",
         "few_rows_kernel",
         "per_query_attention",
+        "attention_kernel",
     ):
       if not isinstance(getattr(self, name), bool):
         raise ValueError(

@@ -31,6 +31,7 @@ class DecoderLayer(nn.Module):
         transposed_kernels=cfg.transposed_kernels,
         few_rows_kernel=cfg.few_rows_kernel,
         per_query=cfg.per_query_attention,
+        kernel=cfg.attention_kernel,
     )
     self.pre_cross_attention_layer_norm = layers.RmsNorm(dtype)
     self.encoder_decoder_attention = attention.MultiHeadAttention(
@@ -41,6 +42,7 @@ class DecoderLayer(nn.Module):
         transposed_kernels=cfg.transposed_kernels,
         few_rows_kernel=cfg.few_rows_kernel,
         per_query=cfg.per_query_attention,
+        kernel=cfg.attention_kernel,
     )
     self.pre_mlp_layer_norm = layers.RmsNorm(dtype)
     self.mlp = layers.Mlp(

@@ -1,4 +1,4 @@
-r"""A model option off and on: the speculative loop and its calls, in turn.
+r"""A model option off and on: both decoders' loops and the calls, in turn.
 
 Flips one boolean `T5Config` field (--option) on both models of a run config
 and times, for each setting, in one process and in alternation
@@ -6,14 +6,16 @@ and times, for each setting, in one process and in alternation
 counting):
 
 - the speculative loop (greedy) over the config's first --sentences inputs,
-  one sentence a batch, EOS on, as a run decodes them, without the set-up;
+  one sentence a batch, EOS on, as a run decodes them, without the set-up,
+  and the baseline's loop (the target alone) over the same inputs: their
+  ratio is the speedup of the loops alone under each setting;
 - the target's 1-token and (gamma+1)-token calls and the draft's 2-token
   chunk, each in a jitted loop of --calls calls that carries the cache
   (`timing.call_loop`).
 
-It prints each time under both settings and their ratio (on / off), and
-whether the two settings' loops emitted the same tokens in the same target
-calls. A demo run's timings drift more between runs than such an option
+It prints each time under both settings and their ratio (on / off), the
+loops' speedup under each, and whether the two settings' speculative loops
+emitted the same tokens in the same target calls. A demo run's timings drift more between runs than such an option
 moves them; timed in turn, both settings see the same drift.
 
 Usage:
@@ -31,6 +33,7 @@ import numpy as np
 
 from spec_decode import cli
 from spec_decode import compare  # pylint: disable=unused-import (run configs)
+from spec_decode import decoding
 from spec_decode import drafts
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
@@ -76,11 +79,23 @@ def _runs(target, draft, batches, gamma, max_decode_len, calls):
       for inputs in batches
   ]
   verifier, proposer = pairs[0]
-  baseline = drafts.t5_draft(
-      target.model, target.params, batches[0], max_decode_len
-  )
+  baselines = [
+      drafts.t5_draft(target.model, target.params, inputs, max_decode_len)
+      for inputs in batches
+  ]
   position = max_decode_len // 2
   return {
+      "baseline_loop": lambda: [
+          decoding.autoregressive_decode(
+              base.decode_fn,
+              base.cache,
+              jax.random.key(0),
+              max_decode_len=max_decode_len,
+              eos_id=inputs_lib.EOS_ID,
+              config=_GREEDY,
+          )
+          for base in baselines
+      ],
       "loop": lambda: [
           speculative.speculative_decode(
               ver.decode_fn,
@@ -96,7 +111,7 @@ def _runs(target, draft, batches, gamma, max_decode_len, calls):
           for ver, prop in pairs
       ],
       "step": timing.call_loop(
-          baseline.decode_fn, baseline.cache, 1, position, calls
+          baselines[0].decode_fn, baselines[0].cache, 1, position, calls
       ),
       "verify": timing.call_loop(
           verifier.decode_fn, verifier.cache, gamma + 1, position, calls
@@ -158,14 +173,18 @@ def measure(target, draft, batches):
   seconds = timing.interleaved_medians(runs, _ROUNDS.value)
   ms = {}
   for name, value in seconds.items():
-    ms[name] = 1e3 * value / (1 if name.startswith("loop") else calls)
+    ms[name] = 1e3 * value / (1 if "loop" in name else calls)
   results = {setting: jax.device_get(loop()) for setting, loop in loops.items()}
   pairs = list(zip(results["off"], results["on"]))
   return {
       "ms": ms,
       "on_over_off": {
           name: ms[f"{name}_on"] / ms[f"{name}_off"]
-          for name in ("loop", "step", "verify", "draft_chunk")
+          for name in ("loop", "baseline_loop", "step", "verify", "draft_chunk")
+      },
+      "loops_speedup": {
+          setting: ms[f"baseline_loop_{setting}"] / ms[f"loop_{setting}"]
+          for setting in _SETTINGS
       },
       "same_tokens": all(
           np.array_equal(off.sequences, on.sequences) for off, on in pairs
@@ -195,7 +214,9 @@ def main(argv):
   )
   for name, ratio in point["on_over_off"].items():
     off, on = point["ms"][f"{name}_off"], point["ms"][f"{name}_on"]
-    print(f"{name:12s} {off:10.3f} ms -> {on:10.3f} ms  ({ratio:.3f})")
+    print(f"{name:13s} {off:10.3f} ms -> {on:10.3f} ms  ({ratio:.3f})")
+  speedup = point["loops_speedup"]
+  print(f"loops' speedup {speedup['off']:.3f}x -> {speedup['on']:.3f}x")
   print(
       f"same tokens: {point['same_tokens']}, target calls "
       f"{point['target_calls']['off']} and {point['target_calls']['on']}"

@@ -42,11 +42,17 @@ class OptionAbTest(absltest.TestCase):
     # The demo pair's greedy count on its first two sentences at gamma 3,
     # the same under both settings.
     self.assertEqual(point["target_calls"], {"off": 16, "on": 16})
-    for name in ("loop", "step", "verify", "draft_chunk"):
+    for name in ("loop", "baseline_loop", "step", "verify", "draft_chunk"):
       self.assertGreater(point["ms"][f"{name}_off"], 0.0)
       self.assertAlmostEqual(
           point["on_over_off"][name],
           point["ms"][f"{name}_on"] / point["ms"][f"{name}_off"],
+      )
+    for setting in ("off", "on"):
+      self.assertAlmostEqual(
+          point["loops_speedup"][setting],
+          point["ms"][f"baseline_loop_{setting}"]
+          / point["ms"][f"loop_{setting}"],
       )
 
   def test_an_option_that_changes_the_parameters_is_refused(self):

@@ -188,6 +188,13 @@ class FewQueriesTest(parameterized.TestCase):
           _attend(*(stacked(x)[i] for x in (query, key, value)), bias, causal),
       )
 
+  def test_operands_that_do_not_broadcast_are_refused(self):
+    # A bias of 3 queries for a call of 2 would be read past its end.
+    query, key, value, _, causal, _ = _inputs(1, 2, 2, 8, 12)
+    bias = jnp.zeros((1, 2, 3, 12), jnp.float32)
+    with self.assertRaisesRegex(Exception, "broadcastable to"):
+      jax.block_until_ready(_attend(query, key, value, bias, causal))
+
   def test_applies_to_few_float32_queries(self):
     query, key, value, *_ = _inputs(1, 16, 2, 8, 12)
     self.assertTrue(few_queries.applies(query, key, value))

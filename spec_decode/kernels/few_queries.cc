@@ -215,12 +215,21 @@ ffi::Error FewQueriesImpl(ffi::Buffer<ffi::F32> query,
   }
   const int64_t B = q_dims[0], T = q_dims[1], H = q_dims[2], D = q_dims[3];
   const int64_t S = k_dims[3];
+  // Each of the bias's and the mask's first three dimensions is 1 or B, H
+  // and T, so that BroadcastStrides stays within them.
+  const int64_t bht[3] = {B, H, T};
+  bool broadcastable = b_dims[3] == S && m_dims[3] == S;
+  for (int i = 0; i < 3; ++i) {
+    broadcastable &= (b_dims[i] == 1 || b_dims[i] == bht[i]) &&
+                     (m_dims[i] == 1 || m_dims[i] == bht[i]);
+  }
   if (k_dims[0] != B || k_dims[1] != H || k_dims[2] != D ||
       v_dims[0] != B || v_dims[1] != H || v_dims[2] != S || v_dims[3] != D ||
-      (has_bias && b_dims[3] != S) || m_dims[3] != S) {
+      !broadcastable) {
     return ffi::Error::InvalidArgument(
         "few_queries_attention: expected query [B, T, H, D], key [B, H, D, "
-        "S], value [B, H, S, D], bias and mask [., ., ., S]");
+        "S], value [B, H, S, D], bias and mask broadcastable to [B, H, T, "
+        "S]");
   }
   if (S == 0) {
     std::memset(out->typed_data(), 0, out->size_bytes());

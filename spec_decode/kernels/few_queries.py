@@ -85,6 +85,7 @@ def attention(query, key, value, bias, mask):
   num_keys = key.shape[-1]
   has_bias = bias is not None
   if not has_bias:
+    # Read by no one (has_bias False), but checked as a bias would be.
     bias = jnp.zeros((1, 1, 1, num_keys), jnp.float32)
   out = jax.ShapeDtypeStruct(query.shape, jnp.float32)
   return jax.ffi.ffi_call(_TARGET, out, vmap_method="sequential")(

@@ -40,12 +40,15 @@ class FewRowsTest(parameterized.TestCase):
     self.assertTrue(few_rows.available(), "the kernel did not build")
 
   @parameterized.product(
-      rows=(1, 2, 3, 5, 7, 8, 13, 16),
+      # 1-16 rows in passes over groups of rows, 17-64 in tiles of 4 rows by
+      # 3 weight rows (with 1-3 rows and 1-2 weight rows left over).
+      rows=(1, 2, 3, 5, 7, 8, 13, 16, 17, 22, 31, 64),
       # K: a multiple of 16, 8 but not 16, and a scalar tail; N crosses the
-      # 64-row chunks the threads claim. Products of 256K weights or more
-      # (512 x 520) are split over the kernel's threads, smaller ones run on
-      # the calling thread alone.
-      k_n=((512, 520), (512, 130), (24, 64), (13, 3), (1, 1)),
+      # 64-row chunks and the 48-row blocks (for K 512) the threads claim,
+      # and leaves 1 or 2 weight rows past the last full tile. Products of
+      # 256K weights or more (512 x 520) are split over the kernel's threads,
+      # smaller ones run on the calling thread alone.
+      k_n=((512, 520), (512, 130), (24, 64), (40, 50), (13, 3), (1, 1)),
   )
   def test_matches_float64(self, rows, k_n):
     k, n = k_n
@@ -75,26 +78,50 @@ class FewRowsTest(parameterized.TestCase):
       (525, 601),
       (37, 63),
   )
-  def test_a_row_is_the_same_alone_and_among_others(self, k, n):
-    # The summation order is fixed: a decode step's row and the same row in
-    # a verification call get bit-identical sums, and so do repeated calls,
-    # whichever of the kernel's threads computes them, and whether a group
-    # of rows takes one weight row a pass or two (AVX-512 hosts, 3-6 rows).
-    x, w = _operands((few_rows.MAX_ROWS,), k, n)
+  def test_a_row_is_the_same_alone_and_among_few_others(self, k, n):
+    # Up to 16 rows the summation order is fixed: a decode step's row and
+    # the same row in a verification call get bit-identical sums, and so do
+    # repeated calls, whichever of the kernel's threads computes them, and
+    # whether a group of rows takes one weight row a pass or two (AVX-512
+    # hosts, 3-6 rows).
+    few = few_rows.TILE_MIN_ROWS - 1
+    x, w = _operands((few,), k, n)
     product = jax.jit(few_rows.product)
     together = np.asarray(product(x, w))
     np.testing.assert_array_equal(np.asarray(product(x, w)), together)
-    for m in range(1, few_rows.MAX_ROWS):
+    for m in range(1, few):
       np.testing.assert_array_equal(np.asarray(product(x[:m], w)), together[:m])
       np.testing.assert_array_equal(
           np.asarray(product(x[m : m + 1], w))[0], together[m]
       )
 
-  def test_concurrent_callers_get_the_same_sums(self):
+  @parameterized.parameters((512, 600), (525, 601), (37, 63))
+  def test_a_row_is_the_same_among_any_number_of_many(self, k, n):
+    # From TILE_MIN_ROWS rows the products are computed in tiles, one
+    # accumulator an element: a row's sums are the same bits whatever the
+    # number of rows, whichever tile (a full one, or one of the 1-3 rows or
+    # 1-2 weight rows left over) and thread compute them.
+    least = few_rows.TILE_MIN_ROWS
+    x, w = _operands((few_rows.MAX_ROWS,), k, n)
+    product = jax.jit(few_rows.product)
+    together = np.asarray(product(x, w))
+    np.testing.assert_array_equal(np.asarray(product(x, w)), together)
+    for m in range(least, few_rows.MAX_ROWS):
+      np.testing.assert_array_equal(np.asarray(product(x[:m], w)), together[:m])
+      # The same rows shifted to other places in their tiles.
+      start = m - least + 1
+      np.testing.assert_array_equal(
+          np.asarray(product(x[start : start + least], w)),
+          together[start : start + least],
+      )
+
+  @parameterized.parameters(5, 24)
+  def test_concurrent_callers_get_the_same_sums(self, rows):
     # Products of several rows run on the kernel's worker threads, one job at
     # a time; a caller that finds them busy computes its product alone. Both
-    # give the same bits as a lone call.
-    x, w = _operands((5,), 512, 600)
+    # give the same bits as a lone call, in passes over groups of rows and in
+    # tiles.
+    x, w = _operands((rows,), 512, 600)
     product = jax.jit(few_rows.product)
     expected = np.asarray(product(x, w))
     results = [[] for _ in range(4)]

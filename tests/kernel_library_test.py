@@ -16,16 +16,16 @@ from spec_decode.kernels import library
 class BuildTest(absltest.TestCase):
 
   def test_a_second_build_reuses_the_library(self):
-    built = library.build(few_rows._SOURCE, (few_rows._HEADER,))
+    built = library.build(few_rows._SOURCE, few_rows._HEADERS)
     with mock.patch.object(subprocess, "run") as run:
       self.assertEqual(
-          library.build(few_rows._SOURCE, (few_rows._HEADER,)), built
+          library.build(few_rows._SOURCE, few_rows._HEADERS), built
       )
     run.assert_not_called()
 
   def test_each_kernel_its_own_library(self):
     self.assertNotEqual(
-        library.build(few_rows._SOURCE, (few_rows._HEADER,)),
+        library.build(few_rows._SOURCE, few_rows._HEADERS),
         library.build(few_queries._SOURCE, (), few_queries._FLAGS),
     )
 
@@ -47,7 +47,7 @@ class BuildTest(absltest.TestCase):
         os.environ, {"CXX": "false", "SPEC_DECODE_CACHE": cache}
     ):
       with self.assertRaisesRegex(RuntimeError, "false failed on few_rows.cc"):
-        library.build(few_rows._SOURCE, (few_rows._HEADER,))
+        library.build(few_rows._SOURCE, few_rows._HEADERS)
     self.assertEqual(list(pathlib.Path(cache, "kernels").iterdir()), [])
 
 

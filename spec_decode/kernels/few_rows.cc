@@ -15,10 +15,16 @@
 // weight rows a pass (GroupTimesRowPairs), so that each activation load serves
 // both.
 //
-// Every output element is summed in the same order whatever M is and whichever
-// thread computes it: two 8-lane accumulators over alternate 8-element chunks
-// of k, then a fixed lane reduction. So a row's result is bit-identical
-// whether it is computed alone (a decode step) or among others (verification).
+// Every output element of a product of up to 16 rows is summed in the same
+// order whatever M is and whichever thread computes it: two 8-lane
+// accumulators over alternate 8-element chunks of k, then a fixed lane
+// reduction. So a row's result is bit-identical whether it is computed alone
+// (a decode step) or among others (verification).
+//
+// Products of 17 rows or more (an encoder's, a verification call's at batch 8)
+// are computed in register tiles instead (row_tiles.h), with one accumulator
+// an element: a row's result is then the same whatever M is among them, and
+// differs from the few-rows passes' in the last bits.
 //
 // Every product of kSmallWeights weights or more, a single row's too, is
 // split over chunks of weight rows among the threads of spin_pool.h, whose
@@ -34,15 +40,24 @@
 #include <cstdint>
 #include <cstring>
 
+#include "row_tiles.h"
 #include "spin_pool.h"
+#include "vec8.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float Vec __attribute__((vector_size(32)));
-constexpr int64_t kLanes = 8;
+using vec8::Fma;
+using vec8::InRegister;
+using vec8::LaneSum;
+using vec8::Load;
+using vec8::Vec;
+using row_tiles::BlockRows;
+using row_tiles::BlockTimesRows;
+using row_tiles::kTileMinRows;
+
 // Activation rows multiplied per pass over a weight row.
 constexpr int64_t kMaxGroup = 6;
 // Weight rows a thread takes at once.
@@ -72,20 +87,6 @@ constexpr int64_t kSmallWeights = 256 * 1024;
 // "An eleventh session").
 constexpr int64_t kPrefetchFloats = 256;
 
-inline Vec Load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline float LaneSum(Vec v) {
-  // A fixed pairwise order: (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then 0+1.
-  float a[kLanes];
-  std::memcpy(a, &v, sizeof(a));
-  float b0 = a[0] + a[4], b1 = a[1] + a[5], b2 = a[2] + a[6], b3 = a[3] + a[7];
-  return (b0 + b2) + (b1 + b3);
-}
-
 // Rows x[0..G) times weight rows [n0, n1), into out (row stride N).
 template <int G>
 void GroupTimesRows(const float* x, const float* w, float* out, int64_t N,
@@ -100,17 +101,19 @@ void GroupTimesRows(const float* x, const float* w, float* out, int64_t N,
       if (G > 1) __builtin_prefetch(wn + kPrefetchFloats + k, 0, 0);
       const Vec w0 = Load(wn + k), w1 = Load(wn + k + 8);
       for (int g = 0; g < G; ++g) {
-        even[g] += Load(x + g * K + k) * w0;
-        odd[g] += Load(x + g * K + k + 8) * w1;
+        even[g] = Fma(Load(x + g * K + k), w0, even[g]);
+        odd[g] = Fma(Load(x + g * K + k + 8), w1, odd[g]);
       }
     }
     if (k8 > k16) {
       const Vec w0 = Load(wn + k16);
-      for (int g = 0; g < G; ++g) even[g] += Load(x + g * K + k16) * w0;
+      for (int g = 0; g < G; ++g) {
+        even[g] = Fma(Load(x + g * K + k16), w0, even[g]);
+      }
     }
     for (int g = 0; g < G; ++g) {
       float tail = 0.0f;
-      for (int64_t k = k8; k < K; ++k) tail += x[g * K + k] * wn[k];
+      for (int64_t k = k8; k < K; ++k) tail = Fma(x[g * K + k], wn[k], tail);
       out[g * N + n] = LaneSum(even[g] + odd[g]) + tail;
     }
   }
@@ -138,10 +141,6 @@ constexpr int kMinPairGroup = 3;
 // 1 KB non-temporally, as GroupTimesRows prefetches, 7.75 and 8.01 in another
 // run (README, "A twentieth session").
 constexpr int64_t kPairPrefetchFloats = 2048;
-
-// Keeps a loaded vector in its register: GCC otherwise folds the load into
-// each FMA that reads it, so that a pair loads its operands twice.
-inline void InRegister(Vec& v) { asm("" : "+v"(v)); }
 
 // As GroupTimesRows, two weight rows at a time, so that each activation load
 // serves both: a pass over 16 k makes 4 + 2G loads for 4G FMAs instead of
@@ -174,24 +173,26 @@ void GroupTimesRowPairs(const float* x, const float* w, float* out, int64_t N,
         Vec x0 = Load(x + g * K + k), x1 = Load(x + g * K + k + 8);
         InRegister(x0);
         InRegister(x1);
-        even_a[g] += x0 * a0;
-        odd_a[g] += x1 * a1;
-        even_b[g] += x0 * b0;
-        odd_b[g] += x1 * b1;
+        even_a[g] = Fma(x0, a0, even_a[g]);
+        odd_a[g] = Fma(x1, a1, odd_a[g]);
+        even_b[g] = Fma(x0, b0, even_b[g]);
+        odd_b[g] = Fma(x1, b1, odd_b[g]);
       }
     }
     if (k8 > k16) {
       const Vec a0 = Load(wa + k16), b0 = Load(wb + k16);
       for (int g = 0; g < G; ++g) {
         const Vec x0 = Load(x + g * K + k16);
-        even_a[g] += x0 * a0;
-        even_b[g] += x0 * b0;
+        even_a[g] = Fma(x0, a0, even_a[g]);
+        even_b[g] = Fma(x0, b0, even_b[g]);
       }
     }
     for (int g = 0; g < G; ++g) {
       float tail_a = 0.0f, tail_b = 0.0f;
-      for (int64_t k = k8; k < K; ++k) tail_a += x[g * K + k] * wa[k];
-      for (int64_t k = k8; k < K; ++k) tail_b += x[g * K + k] * wb[k];
+      for (int64_t k = k8; k < K; ++k) {
+        tail_a = Fma(x[g * K + k], wa[k], tail_a);
+        tail_b = Fma(x[g * K + k], wb[k], tail_b);
+      }
       out[g * N + n] = LaneSum(even_a[g] + odd_a[g]) + tail_a;
       out[g * N + n + 1] = LaneSum(even_b[g] + odd_b[g]) + tail_b;
     }
@@ -234,9 +235,30 @@ struct Product {
   const float* w;
   float* out;
   int64_t M, N, K;
-  // The next chunk of kChunkRows weight rows that no thread has taken.
+  // The next chunk of kChunkRows weight rows (of a product in tiles, the next
+  // block) that no thread has taken.
   mutable std::atomic<int64_t> next_chunk{0};
 };
+
+// A thread's share of a Product of kTileMinRows rows or more: blocks of
+// weight rows, each claimed one block ahead, so that the thread prefetches its
+// next block while it multiplies the current one.
+void TileShare(const Product& p) {
+  const int64_t rows = BlockRows(p.K);
+  // Block b's first weight row, or N past the last block.
+  const auto start = [&p, rows](int64_t b) {
+    return b * rows < p.N ? b * rows : p.N;
+  };
+  const auto claim = [&p]() {
+    return p.next_chunk.fetch_add(1, std::memory_order_relaxed);
+  };
+  for (int64_t b = claim(); start(b) < p.N;) {
+    const int64_t next = claim();
+    BlockTimesRows(p.x, p.w, p.out, p.M, p.N, p.K, start(b), start(b + 1),
+                   p.w + start(next) * p.K, p.w + start(next + 1) * p.K);
+    b = next;
+  }
+}
 
 // A thread's share of a Product: chunks of weight rows, taken one at a time
 // until none is left. A thread the OS deschedules (XLA's own pool threads
@@ -249,6 +271,10 @@ struct Product {
 // is computed the same way whichever thread takes its chunk.
 void ProductShare(const void* job) {
   const Product& p = *static_cast<const Product*>(job);
+  if (p.M >= kTileMinRows) {
+    TileShare(p);
+    return;
+  }
   const int64_t num_chunks = (p.N + kChunkRows - 1) / kChunkRows;
   for (int64_t c = p.next_chunk.fetch_add(1, std::memory_order_relaxed);
        c < num_chunks;

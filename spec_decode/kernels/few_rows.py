@@ -3,8 +3,9 @@
 XLA:CPU multiplies 2-16 rows by a weight matrix far below the memory bound
 (on a Zen 2 core, 5 rows cost about 2.3 one-row products), so a
 (gamma+1)-token verification call costs much more than a decode step.
-`few_rows.cc` streams each weight row once for all the rows instead; it is an
-XLA FFI custom call, compiled for the host CPU on first use (about 3 s;
+`few_rows.cc` streams each weight row once for all the rows instead, and
+computes 17-64 rows (an encoder's input at batch 1) in register tiles; it is
+an XLA FFI custom call, compiled for the host CPU on first use (about 3 s;
 `spec_decode/kernels/library.py`).
 
 `product(x, kernel)` is the einsum "...k,nk->...n" to float32 rounding. It
@@ -26,19 +27,30 @@ import jax.numpy as jnp
 from spec_decode.kernels import library
 
 _SOURCE = pathlib.Path(__file__).with_name("few_rows.cc")
-# The worker threads it includes.
-_HEADER = _SOURCE.with_name("spin_pool.h")
+# What it includes: the worker threads, the vector helpers, the tiles.
+_HEADERS = tuple(
+    _SOURCE.with_name(name) for name in ("spin_pool.h", "vec8.h", "row_tiles.h")
+)
 _TARGET = "spec_decode_few_rows_product"
-# In the 48.2M demo target on a 2-core Zen 2 CPU the kernel still beat XLA at
-# 16 rows (a 16-token call 13.4 ms against 17.3; benchmarks/kernel_layouts.py);
-# past about 24 the products turn compute-bound and XLA's kernels catch up.
-MAX_ROWS = 16
+# In the 48.2M demo target on a 2-core Zen 2 CPU the kernel's passes over
+# groups of rows still beat XLA at 16 rows (a 16-token call 13.4 ms against
+# 17.3; benchmarks/kernel_layouts.py). From TILE_MIN_ROWS rows it computes in
+# register tiles (few_rows.cc's kTileMinRows, row_tiles.h): on a 2-core Zen 3
+# EPYC, the demo target's weight matrices times 17-24 rows took 0.52-0.94 of
+# XLA's time, 48-64 rows 0.94-1.05, and 96-128 rows 1.0-1.05 (README, "A
+# twenty-third session"); so up to 64 rows, an encoder's at batch 1 and a
+# verification call's at batch 8.
+MAX_ROWS = 64
+# Products of this many rows or more are computed in tiles: a row's result is
+# then the same whatever the rows are among them, and differs in the last
+# bits from what it is among 16 rows or fewer.
+TILE_MIN_ROWS = 17
 
 
 def available():
   """Whether the kernel is compiled and registered; logs why not, once."""
   return library.register(
-      _SOURCE, (_HEADER,), (), "FewRowsProduct", _TARGET, "few-rows CPU kernel"
+      _SOURCE, _HEADERS, (), "FewRowsProduct", _TARGET, "few-rows CPU kernel"
   )
 
 

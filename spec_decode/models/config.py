@@ -58,9 +58,11 @@ class T5Config:
       call 10.9 ms instead of 16.7, a step 5.0 instead of 5.8). A
       checkpoint stays in t5x's layout: `pair.load_model` transposes the
       kernels as it loads them (`t5.transpose_kernels`).
-    few_rows_kernel: with transposed_kernels, a float32 product of at most 16
-      rows (a decode call at batch 1 and gamma < 16, or at batch 8 and gamma 1) runs in spec_decode's
-      CPU kernel, which reads each kernel once for all its rows
+    few_rows_kernel: with transposed_kernels, a float32 product of at most 64
+      rows runs in spec_decode's CPU kernel: up to 16 rows (a decode call at
+      batch 1 and gamma < 16, or at batch 8 and gamma 1) reading each kernel
+      once for all its rows, 17-64 rows (an encoder's input at batch 1, a
+      verification call at batch 8) in register tiles
       (`spec_decode/kernels/few_rows.py`); on other platforms, or where it
       does not compile, XLA's dot. The sums match to float32 rounding.
     per_query_attention: a decoder call of 2-16 tokens (a verification call,

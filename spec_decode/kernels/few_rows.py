@@ -35,15 +35,16 @@ _TARGET = "spec_decode_few_rows_product"
 # In the 48.2M demo target on a 2-core Zen 2 CPU the kernel's passes over
 # groups of rows still beat XLA at 16 rows (a 16-token call 13.4 ms against
 # 17.3; benchmarks/kernel_layouts.py). From TILE_MIN_ROWS rows it computes in
-# register tiles (few_rows.cc's kTileMinRows, row_tiles.h): on a 2-core Zen 3
-# EPYC, the demo target's weight matrices times 17-24 rows took 0.52-0.94 of
-# XLA's time, 48-64 rows 0.94-1.05, and 96-128 rows 1.0-1.05 (README, "A
-# twenty-third session"); so up to 64 rows, an encoder's at batch 1 and a
-# verification call's at batch 8.
+# register tiles (row_tiles.h's kTileMinRows): on a 2-core Zen 3 EPYC, the
+# demo target's weight matrices times 17-32 rows took 0.51-0.93 of XLA's time
+# and 48-64 rows 0.81-1.03 (benchmarks/row_tiles.py), 96-128 rows 1.01-1.05
+# (timed ad hoc; README, "A twenty-third session"). So up to 64 rows: an
+# encoder's at batch 1, a verification call's at batch 8.
 MAX_ROWS = 64
-# Products of this many rows or more are computed in tiles: a row's result is
-# then the same whatever the rows are among them, and differs in the last
-# bits from what it is among 16 rows or fewer.
+# Products of this many rows or more are computed in tiles (row_tiles.h's
+# kTileMinRows; tests/few_rows_test.py fails where the two differ): a row's
+# result is then the same whatever the rows among them, and differs in the
+# last bits from what it is among 16 rows or fewer.
 TILE_MIN_ROWS = 17
 
 

@@ -17,15 +17,14 @@ using vec8::Load;
 using vec8::Vec;
 
 // Products of this many rows or more (up to few_rows.MAX_ROWS) are computed
-// in tiles instead (TileShare): an encoder's products at batch 1 (the demo's
-// inputs are 16-64 tokens), a verification call at batch 8. There each
-// weight is used by many rows, and the passes over groups of rows, with 2 + 2G
-// loads for 2G FMAs, bound the arithmetic. With the demo target's weight
-// matrices from DRAM, on a 2-core Zen 3 EPYC (jitted chains of products, 7
-// rounds in turn), 24 rows by 2048x512 weights took 0.54 ms in tiles against
-// 0.80 in XLA's dot, by 512x512 0.19 against 0.30, by 512x2048 0.59 against
-// 0.63; at 96-128 rows XLA's dot was as fast (README, "A twenty-third
-// session").
+// in tiles instead (TileShare in few_rows.cc): an encoder's products at batch
+// 1 (the demo's inputs are 16-48 tokens), a verification call's at batch 8.
+// There each weight serves many rows, and the passes over groups of rows,
+// with 2 + 2G loads for 2G FMAs, bound the arithmetic. With the demo target's
+// weight matrices from DRAM, on a 2-core Zen 3 EPYC (benchmarks/row_tiles.py,
+// 9 rounds in turn), 17-32 rows took 0.51-0.62 of XLA's dot's time by its
+// [512, 512] and [2048, 512] weights and 0.78-0.93 by [512, 2048], 48-64 rows
+// 0.81-1.03, and the demo's set-up 0.77 (README, "A twenty-third session").
 constexpr int64_t kTileMinRows = 17;
 // A tile's activation rows and weight rows: its pass holds kTileRows *
 // kTileWeights accumulators, kTileWeights weight vectors and one activation

@@ -113,9 +113,10 @@ void RowsTimesTiles(const float* x, const float* w, float* out, int64_t N,
 // Rows x[0..M) times the block of weight rows [n0, n1), while the weights
 // [next, next_end) (the thread's next block) stream into L2: spread over the
 // block's tiles, so that the memory and the arithmetic overlap.
-void BlockTimesRows(const float* x, const float* w, float* out, int64_t M,
-                    int64_t N, int64_t K, int64_t n0, int64_t n1,
-                    const float* next, const float* next_end) {
+inline void BlockTimesRows(const float* x, const float* w, float* out,
+                           int64_t M, int64_t N, int64_t K, int64_t n0,
+                           int64_t n1, const float* next,
+                           const float* next_end) {
   const int64_t tiles = (M + kTileRows - 1) / kTileRows *
                         ((n1 - n0 + kTileWeights - 1) / kTileWeights);
   const int64_t lines = ((next_end - next) / 16 + tiles - 1) / tiles;

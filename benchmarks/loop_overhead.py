@@ -58,13 +58,10 @@ import numpy as np
 
 from spec_decode import cli
 from spec_decode import compare  # pylint: disable=unused-import (run configs)
-from spec_decode import decoding
-from spec_decode import drafts
 from spec_decode import gin_config
+from spec_decode import greedy_loops
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
-from spec_decode import sampling
-from spec_decode import speculative
 from spec_decode import timing
 from spec_decode.models import t5
 
@@ -94,7 +91,6 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 _NO_EOS = -1
 # The longest input --sentences encodes; each batch is trimmed to its own.
 _MAX_SENTENCE_LEN = 512
-_GREEDY = sampling.SamplingConfig(temperature=0.0)
 
 
 def _models():
@@ -144,16 +140,6 @@ def _call_sequence(
   return jax.lax.fori_loop(0, iterations, body, carry)[2]
 
 
-def _pair(target, draft, inputs, capacity):
-  """The target's and the draft's `drafts.Draft` for `inputs`."""
-  if draft is None:
-    verifier = drafts.t5_draft(target.model, target.params, inputs, capacity)
-    return verifier, drafts.target_as_draft(verifier.decode_fn, verifier.cache)
-  return drafts.t5_pair(
-      target.model, target.params, draft.model, draft.params, inputs, capacity
-  )
-
-
 def _random_batch(vocab_size, batch_size):
   """int32 [B, --input_len] random token ids."""
   return np.random.default_rng(0).integers(
@@ -164,41 +150,18 @@ def _random_batch(vocab_size, batch_size):
 def _runs(target, draft, batches, gamma, max_decode_len, calls, eos_id):
   """{name: run()}: both decoders over `batches`, each call loop (on the
   first batch's caches), and the call sequence."""
-  capacity = drafts.speculative_capacity(max_decode_len, gamma)
-  decoders = [  # (baseline, verifier, proposer) per batch
-      (
-          drafts.t5_draft(target.model, target.params, inputs, max_decode_len),
-          *_pair(target, draft, inputs, capacity),
-      )
-      for inputs in batches
-  ]
-  baseline, verifier, proposer = decoders[0]
+  decoders = greedy_loops.set_up(
+      target, draft, batches, gamma=gamma, max_decode_len=max_decode_len
+  )
+  first = decoders[0]
+  baseline, verifier, proposer = first.baseline, first.verifier, first.proposer
   position = max_decode_len // 2
-  run_baseline = lambda: [
-      decoding.autoregressive_decode(
-          base.decode_fn,
-          base.cache,
-          jax.random.key(0),
-          max_decode_len=max_decode_len,
-          eos_id=eos_id,
-          config=_GREEDY,
-      )
-      for base, _, _ in decoders
-  ]
-  run_speculative = lambda: [
-      speculative.speculative_decode(
-          ver.decode_fn,
-          prop.decode_fn,
-          ver.cache,
-          prop.cache,
-          jax.random.key(0),
-          gamma=gamma,
-          max_decode_len=max_decode_len,
-          eos_id=eos_id,
-          config=_GREEDY,
-      )
-      for _, ver, prop in decoders
-  ]
+  run_baseline = greedy_loops.baseline(
+      decoders, max_decode_len=max_decode_len, eos_id=eos_id
+  )
+  run_speculative = greedy_loops.speculative_loop(
+      decoders, gamma=gamma, max_decode_len=max_decode_len, eos_id=eos_id
+  )
   return {
       "baseline": run_baseline,
       "speculative": run_speculative,

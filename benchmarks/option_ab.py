@@ -33,12 +33,9 @@ import numpy as np
 
 from spec_decode import cli
 from spec_decode import compare  # pylint: disable=unused-import (run configs)
-from spec_decode import decoding
-from spec_decode import drafts
+from spec_decode import greedy_loops
 from spec_decode import inputs as inputs_lib
 from spec_decode import pair
-from spec_decode import sampling
-from spec_decode import speculative
 from spec_decode import timing
 from spec_decode.models import t5
 
@@ -52,7 +49,6 @@ _ROUNDS = flags.DEFINE_integer("rounds", 9, "Timed rounds; the median counts.")
 _CALLS = flags.DEFINE_integer("calls", 64, "Calls per timed model-call loop.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 
-_GREEDY = sampling.SamplingConfig(temperature=0.0)
 _SETTINGS = {"off": False, "on": True}
 
 
@@ -66,58 +62,27 @@ def _with_option(loaded, value):
 
 def _runs(target, draft, batches, gamma, max_decode_len, calls):
   """{name: run()} for one setting: the loop over `batches`, and the calls."""
-  capacity = drafts.speculative_capacity(max_decode_len, gamma)
-  pairs = [
-      drafts.t5_pair(
-          target.model,
-          target.params,
-          draft.model,
-          draft.params,
-          inputs,
-          capacity,
-      )
-      for inputs in batches
-  ]
-  verifier, proposer = pairs[0]
-  baselines = [
-      drafts.t5_draft(target.model, target.params, inputs, max_decode_len)
-      for inputs in batches
-  ]
+  decoders = greedy_loops.set_up(
+      target, draft, batches, gamma=gamma, max_decode_len=max_decode_len
+  )
+  first = decoders[0]
   position = max_decode_len // 2
+  common = dict(max_decode_len=max_decode_len, eos_id=inputs_lib.EOS_ID)
   return {
-      "baseline_loop": lambda: [
-          decoding.autoregressive_decode(
-              base.decode_fn,
-              base.cache,
-              jax.random.key(0),
-              max_decode_len=max_decode_len,
-              eos_id=inputs_lib.EOS_ID,
-              config=_GREEDY,
-          )
-          for base in baselines
-      ],
-      "loop": lambda: [
-          speculative.speculative_decode(
-              ver.decode_fn,
-              prop.decode_fn,
-              ver.cache,
-              prop.cache,
-              jax.random.key(0),
-              gamma=gamma,
-              max_decode_len=max_decode_len,
-              eos_id=inputs_lib.EOS_ID,
-              config=_GREEDY,
-          )
-          for ver, prop in pairs
-      ],
+      "baseline_loop": greedy_loops.baseline(decoders, **common),
+      "loop": greedy_loops.speculative_loop(decoders, gamma=gamma, **common),
       "step": timing.call_loop(
-          baselines[0].decode_fn, baselines[0].cache, 1, position, calls
+          first.baseline.decode_fn, first.baseline.cache, 1, position, calls
       ),
       "verify": timing.call_loop(
-          verifier.decode_fn, verifier.cache, gamma + 1, position, calls
+          first.verifier.decode_fn,
+          first.verifier.cache,
+          gamma + 1,
+          position,
+          calls,
       ),
       "draft_chunk": timing.call_loop(
-          proposer.decode_fn, proposer.cache, 2, position, calls
+          first.proposer.decode_fn, first.proposer.cache, 2, position, calls
       ),
   }
 

@@ -12,7 +12,8 @@ traced):
 
 - the set-up both decoders make before their loops (`drafts.t5_pair`): the
   target's encoding and both models' caches, over the run config's first
-  --sentences inputs, one sentence a batch, as a run decodes them;
+  --sentences inputs, one sentence a batch, as a run decodes them, the caches
+  as long as its run.max_decode_len and run.gamma make them;
 - each of --rows rows times each shape of the target's weight matrices
   (attention [H*D, E] and [E, H*D], MLP [F, E] and [E, F]), over enough
   copies of the matrix to fill --megabytes, so that the weights stream from
@@ -25,10 +26,12 @@ import json
 
 from absl import app
 from absl import flags
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import checks
 from spec_decode import cli
 from spec_decode import compare  # pylint: disable=unused-import (run configs)
 from spec_decode import drafts
@@ -63,9 +66,9 @@ def _traced_in(variant, fn, *args_list):
   return jitted
 
 
-def _setup_runs(target, draft, batches):
-  """{variant: run()}: both decoders' set-up over `batches`."""
-  capacity = drafts.speculative_capacity(64, 3)
+def _setup_runs(target, draft, batches, capacity):
+  """{variant: run()}: both decoders' set-up over `batches`, their caches
+  holding `capacity` positions."""
 
   def setup(target_params, draft_params, inputs):
     verifier, proposer = drafts.t5_pair(
@@ -79,6 +82,19 @@ def _setup_runs(target, draft, batches):
     jitted = _traced_in(variant, setup, *args)
     runs[variant] = lambda jitted=jitted: [jitted(*a) for a in args]
   return runs
+
+
+def _run_capacity():
+  """The caches' positions in the run config's speculative decoder."""
+  gamma = gin.query_parameter("run.gamma")
+  if not checks.is_int(gamma) or gamma < 1:
+    raise ValueError(
+        f"the run config's run.gamma must be an int >= 1, got {gamma!r}: the "
+        "set-up's caches hold max_decode_len + gamma + 1 positions"
+    )
+  return drafts.speculative_capacity(
+      gin.query_parameter("run.max_decode_len"), gamma
+  )
 
 
 def _weight_shapes(config):
@@ -125,9 +141,9 @@ def _max_difference(runs):
   )
 
 
-def measure(target, draft, batches, rows, megabytes, rounds):
+def measure(target, draft, batches, capacity, rows, megabytes, rounds):
   """Set-up and product times (ms) in both variants, and tiles / XLA."""
-  runs = _setup_runs(target, draft, batches)
+  runs = _setup_runs(target, draft, batches, capacity)
   seconds = timing.interleaved_medians(runs, rounds)
   setup = {
       f"{v}_ms_per_sentence": seconds[v] / len(batches) * 1e3 for v in runs
@@ -162,6 +178,7 @@ def main(argv):
       )
     if _SENTENCES.value < 1 or _ROUNDS.value < 1:
       raise ValueError("--sentences and --rounds must be >= 1")
+    capacity = _run_capacity()
     target, draft = pair.load_model("target"), pair.load_model("draft")
     if not target.config.few_rows_kernel:
       raise ValueError(
@@ -169,7 +186,9 @@ def main(argv):
           "nothing to compare"
       )
     batches = inputs_lib.run_config_batches(_SENTENCES.value, 1)
-  point = measure(target, draft, batches, rows, _MEGABYTES.value, _ROUNDS.value)
+  point = measure(
+      target, draft, batches, capacity, rows, _MEGABYTES.value, _ROUNDS.value
+  )
   setup = point["setup"]
   print(machine.summary(machine.describe()))
   print(
@@ -191,6 +210,7 @@ def main(argv):
               "machine": machine.describe(),
               "models": cli.GIN_FILES.value,
               "sentences": len(batches),
+              "cache_capacity": capacity,
               "megabytes": _MEGABYTES.value,
               "rounds": _ROUNDS.value,
               **point,

@@ -10,6 +10,8 @@ import tempfile
 
 from absl.testing import absltest
 
+from spec_decode import drafts
+
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -38,9 +40,14 @@ class RowTilesBenchmarkTest(absltest.TestCase):
           "--rounds=1",
           "--megabytes=4",
           f"--output={output}",
+          "--gin_bindings=run.max_decode_len = 40",
       )
       self.assertEqual(done.returncode, 0, done.stderr[-2000:])
       point = json.loads(output.read_text())
+    # The run config's caches: max_decode_len 40 as bound, demo.gin's gamma 3.
+    self.assertEqual(
+        point["cache_capacity"], drafts.speculative_capacity(40, 3)
+    )
     setup = point["setup"]
     self.assertAlmostEqual(
         setup["tiles_over_xla"],
@@ -64,6 +71,12 @@ class RowTilesBenchmarkTest(absltest.TestCase):
     done = _run("--rows=16")
     self.assertNotEqual(done.returncode, 0)
     self.assertIn("--rows must be within 17-64", done.stderr)
+    self.assertNotIn("Traceback", done.stderr)
+
+  def test_a_gamma_chosen_at_run_time_is_refused(self):
+    done = _run("--gin_bindings=run.gamma = 'auto'")
+    self.assertNotEqual(done.returncode, 0)
+    self.assertIn("run.gamma must be an int >= 1, got 'auto'", done.stderr)
     self.assertNotIn("Traceback", done.stderr)
 
 

@@ -8,6 +8,8 @@ memory-bound.
 
 import dataclasses
 
+import numpy as np
+
 from spec_decode import partitioning
 from spec_decode import timing
 
@@ -28,6 +30,8 @@ class StepCosts:
   target_step: float
   target_verify: float
   draft_step: float
+  # Where `measure` made them medians: each timed round's costs, in turn.
+  rounds: tuple["StepCosts", ...] = ()
 
   @property
   def c(self):
@@ -39,7 +43,7 @@ def measure(decoders, inputs, gamma, max_decode_len):
   """Times the target's 1- and (gamma+1)-token calls and a draft step.
 
   Each is a jitted loop of `timing.CALLS_PER_LOOP` calls, and the three
-  loops run in turn (`timing.interleaved_medians`): on a shared host the
+  loops run in turn (`timing.interleaved_times`): on a shared host the
   load drifts within seconds, and timed one after the other, the verify
   call's cost over the step's moved from 1.05 to 1.47 between runs of the
   demo.
@@ -52,7 +56,7 @@ def measure(decoders, inputs, gamma, max_decode_len):
       typical cache length during decoding.
 
   Returns:
-    StepCosts.
+    StepCosts: each call's median over the rounds, and each round's costs.
   """
   position = max_decode_len // 2
   target, draft = decoders.speculative_setup(
@@ -68,7 +72,14 @@ def measure(decoders, inputs, gamma, max_decode_len):
       "draft_step": timing.call_loop(draft.decode_fn, draft.cache, 1, position),
   }
   with partitioning.active(decoders.mesh, decoders.target_rules):
-    seconds = timing.interleaved_medians(runs, _ROUNDS)
+    seconds = timing.interleaved_times(runs, _ROUNDS)
+  per_call = {
+      name: np.asarray(s) / timing.CALLS_PER_LOOP for name, s in seconds.items()
+  }
   return StepCosts(
-      **{name: s / timing.CALLS_PER_LOOP for name, s in seconds.items()}
+      **{name: float(np.median(s)) for name, s in per_call.items()},
+      rounds=tuple(
+          StepCosts(**{name: float(s[r]) for name, s in per_call.items()})
+          for r in range(_ROUNDS)
+      ),
   )

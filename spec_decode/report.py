@@ -29,6 +29,11 @@ _ROWS = (
     ),
     ("speedup (Theorem 3.8)", "predicted_speedup", "{:.2f}x"),
     ("  with the measured call costs", "call_cost_speedup", "{:.2f}x"),
+    (
+        "    in the call costs' timed rounds",
+        "call_cost_speedup_range",
+        "{0[0]:.2f}-{0[1]:.2f}x",
+    ),
     ("optimal gamma (Theorem 3.8)", "optimal_gamma", "{:d}"),
     ("greedy rows differing from baseline", "mismatches", "{:d}"),
     ("inputs truncated", "num_truncated", "{:d}"),

@@ -167,12 +167,11 @@ def results(
       "target_verify_ms": 1e3 * costs.target_verify,
       "draft_step_ms": 1e3 * costs.draft_step,
       "predicted_speedup": analysis.walltime_improvement(alpha, gamma, costs.c),
-      "call_cost_speedup": analysis.call_cost_speedup(
-          totals.speculative_tokens / calls,
-          gamma,
-          costs.target_step,
-          costs.target_verify,
-          costs.draft_step,
+      "call_cost_speedup": _call_cost_speedup(
+          costs, totals.speculative_tokens / calls, gamma
+      ),
+      "call_cost_speedup_range": _call_cost_range(
+          costs, totals.speculative_tokens / calls, gamma
       ),
       "optimal_gamma": analysis.optimal_gamma(alpha, costs.c),
       "mismatches": totals.mismatches if config.greedy else None,
@@ -189,3 +188,25 @@ def results(
       "drafted_tokens": totals.drafted,
       "accepted_tokens": totals.accepted,
   }
+
+
+def _call_cost_speedup(costs, tokens_per_call, gamma):
+  return analysis.call_cost_speedup(
+      tokens_per_call,
+      gamma,
+      costs.target_step,
+      costs.target_verify,
+      costs.draft_step,
+  )
+
+
+def _call_cost_range(costs, tokens_per_call, gamma):
+  """[least, most] call-cost speedup of the costs' timed rounds, each
+  round's three calls timed in turn: how far the host's drift moves the
+  prediction within a run. None where the costs have no rounds."""
+  if not costs.rounds:
+    return None
+  speedups = [
+      _call_cost_speedup(r, tokens_per_call, gamma) for r in costs.rounds
+  ]
+  return [min(speedups), max(speedups)]

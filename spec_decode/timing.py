@@ -77,7 +77,19 @@ def call_loop(decode_fn, cache, num_tokens, position, calls=CALLS_PER_LOOP):
 
 
 def interleaved_medians(runs, rounds):
-  """Median seconds of each run, timed in turn, one run of each per round.
+  """Median seconds of each run of `interleaved_times`.
+
+  Returns:
+    {name: median seconds}.
+  """
+  return {
+      name: float(np.median(values))
+      for name, values in interleaved_times(runs, rounds).items()
+  }
+
+
+def interleaved_times(runs, rounds):
+  """Seconds of each run in each round, the runs timed in turn.
 
   On a shared machine the load drifts within seconds; timing the runs in
   alternation exposes each to the same drift, so that their ratios hold
@@ -90,7 +102,7 @@ def interleaved_medians(runs, rounds):
     rounds: timed rounds, >= 1, after a compiling warm-up of each run.
 
   Returns:
-    {name: median seconds}.
+    {name: its seconds in rounds 0..rounds-1}.
   """
   for run in runs.values():
     jax.block_until_ready(run())
@@ -102,7 +114,7 @@ def interleaved_medians(runs, rounds):
       begin = time.perf_counter()
       jax.block_until_ready(runs[name]())
       times[name].append(time.perf_counter() - begin)
-  return {name: float(np.median(values)) for name, values in times.items()}
+  return times
 
 
 @functools.partial(jax.jit, static_argnames="calls")

@@ -44,6 +44,16 @@ class FormatResultsTest(absltest.TestCase):
     )
     self.assertEqual(lines[1].split(), ["examples", "100"])
 
+  def test_the_call_cost_range_follows_the_prediction(self):
+    results = dict(_RESULTS, call_cost_speedup_range=[0.84375, 1.0625])
+    lines = report.format_results(results).splitlines()
+    at = lines.index(f"{'  with the measured call costs':<45} 0.91x")
+    label = "    in the call costs' timed rounds"
+    self.assertEqual(lines[at + 1], f"{label:<45} 0.84-1.06x")
+
+  def test_no_range_row_without_timed_rounds(self):
+    self.assertNotIn("timed rounds", report.format_results(_RESULTS))
+
   def test_verify_ratio_row(self):
     text = report.format_results(_RESULTS)
     self.assertIn(

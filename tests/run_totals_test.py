@@ -73,6 +73,35 @@ class ResultsTest(absltest.TestCase):
         results["speedup_after_setup"], (0.34 / 160) / (0.19 / 80)
     )
 
+  def test_the_call_cost_range_spans_the_timed_rounds(self):
+    rounds = (
+        call_costs.StepCosts(0.002, 0.0026, 0.00006),
+        call_costs.StepCosts(0.0021, 0.0024, 0.00005),
+        call_costs.StepCosts(0.0019, 0.0027, 0.00007),
+    )
+    results = run_totals.results(
+        _totals(),
+        run_totals.Seconds(0.40, 0.26, 0.06, 0.07, batches=10),
+        call_costs.StepCosts(0.002, 0.0026, 0.00006, rounds=rounds),
+        gamma=3,
+        config=sampling.SamplingConfig(temperature=0.0),
+        num_examples=10,
+        num_truncated=0,
+    )
+    # 160 tokens in 60 target calls; each round's own prediction.
+    speedups = [
+        (160 / 60) * r.target_step / (3 * r.draft_step + r.target_verify)
+        for r in rounds
+    ]
+    low, high = results["call_cost_speedup_range"]
+    self.assertAlmostEqual(low, speedups[2], places=12)
+    self.assertAlmostEqual(high, speedups[1], places=12)
+    self.assertAlmostEqual(results["call_cost_speedup"], speedups[0], places=12)
+
+  def test_no_range_without_timed_rounds(self):
+    results = _results(run_totals.Seconds(0.40, 0.26, 0.06, 0.07, batches=10))
+    self.assertIsNone(results["call_cost_speedup_range"])
+
 
 if __name__ == "__main__":
   absltest.main()
